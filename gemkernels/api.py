@@ -1,0 +1,155 @@
+"""Public selection entry points: `select`, `select_batch` and `select_ragged` (DESIGN.md §1)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .arrays import NUMPY, TORCH, convert_like, is_cuda, library_of, to_numpy
+from .backends import auto_backend, get_backend
+from .ragged import RaggedBatch, as_float_matrix, index_mask
+from .result import RaggedSelection, Selection
+
+DEFAULT_TAU, DEFAULT_K, DEFAULT_EPS = 0.90, 16, 1e-6
+
+
+def select(x: Any, protected: Any = None, eligible: Any = None, tau: float = DEFAULT_TAU,
+           k: int = DEFAULT_K, eps: float = DEFAULT_EPS, backend: str = "auto") -> Selection:
+    """Greedy residual selection for one session: protected rows first, then largest residuals until tau or K_t.
+
+    ``x`` is ``(n, d)`` (numpy, torch or CuPy); ``protected``/``eligible`` are index sequences
+    or bool masks (default: none protected, all eligible). Results are in ``x``'s library.
+    """
+    x = as_float_matrix(x, "x")
+    n = int(x.shape[0])
+    batch = RaggedBatch(values=x, offsets=np.array([0, n], dtype=np.int64),
+                        protected=index_mask(protected, n, "protected", default=False),
+                        eligible=index_mask(eligible, n, "eligible", default=True))
+    return select_ragged(batch, tau=tau, k=k, eps=eps, backend=backend).sessions()[0]
+
+
+def select_batch(xs: Sequence[Any] | RaggedBatch, protected: Sequence[Any] | None = None,
+                 eligible: Sequence[Any] | None = None, tau: Any = DEFAULT_TAU, k: Any = DEFAULT_K,
+                 eps: float = DEFAULT_EPS, backend: str = "auto") -> list[Selection]:
+    """`select` over many sessions in one batched call; ``tau``/``k`` are scalars or one value per session.
+
+    ``xs`` is a list of ``(n_s, d)`` arrays (with per-session ``protected``/``eligible``) or a `RaggedBatch`.
+    """
+    if isinstance(xs, RaggedBatch):
+        if protected is not None or eligible is not None:
+            raise ValueError("a RaggedBatch carries its own protected/eligible masks; do not pass them again")
+        batch = xs
+    else:
+        batch = RaggedBatch.from_list(xs, protected, eligible)
+    return select_ragged(batch, tau=tau, k=k, eps=eps, backend=backend).sessions()
+
+
+def select_ragged(batch: RaggedBatch, tau: Any = DEFAULT_TAU, k: Any = DEFAULT_K, eps: float = DEFAULT_EPS,
+                  backend: str = "auto") -> RaggedSelection:
+    """Run a packed batch and return packed results in the values' library (no per-session split)."""
+    if not isinstance(batch, RaggedBatch):
+        raise TypeError(f"batch must be a RaggedBatch, got {type(batch).__name__}")
+    sessions = batch.num_sessions
+    tau_s = per_session_tau(tau, sessions)
+    k_s = per_session_k(k, sessions)
+    eps = check_eps(eps)
+    check_rows(batch)
+
+    name = auto_backend(batch.values) if backend == "auto" else backend
+    impl = get_backend(name)
+    caller_lib, caller_device = library_of(batch.values), getattr(batch.values, "device", None)
+    compute_device = impl.kernel_device() if name == "triton" and not is_cuda(batch.values) else None
+    values = convert_like(batch.values, impl.LIBRARY, compute_device)
+
+    counts_p = np.add.reduceat(batch.protected.astype(np.int64), batch.offsets[:-1])
+    capacity = np.minimum(np.maximum(k_s, counts_p), batch.lengths)
+    packed = impl.select_packed(
+        RaggedBatch(values, batch.offsets, batch.protected, batch.eligible), tau_s, capacity, eps)
+
+    out_device = caller_device if caller_lib == TORCH else None
+    return RaggedSelection(
+        indices=convert_like(packed.indices, caller_lib, out_device),
+        counts=convert_like(packed.counts, caller_lib, out_device),
+        coverage=convert_like(packed.coverage, caller_lib, out_device),
+        residuals=convert_like(packed.residuals, caller_lib, out_device),
+        offsets=batch.offsets, num_protected=counts_p, capacity=capacity, tau=tau_s,
+    )
+
+
+def per_session_tau(tau: Any, sessions: int) -> np.ndarray:
+    """tau as a float64 ``(S,)`` array, each in (0, 1]."""
+    values = per_session(tau, sessions, "tau")
+    if isinstance(tau, bool) or values.dtype == np.bool_ or values.dtype.kind not in "iuf":
+        raise TypeError(f"tau must be a number or one number per session, got {tau!r}")
+    values = values.astype(np.float64)
+    bad = ~((values > 0) & (values <= 1))
+    if bad.any():
+        raise ValueError(f"tau must lie in (0, 1], got {values[bad][0]}")
+    return values
+
+
+def per_session_k(k: Any, sessions: int) -> np.ndarray:
+    """k as an int64 ``(S,)`` array, each >= 0."""
+    values = per_session(k, sessions, "k")
+    if isinstance(k, bool) or values.dtype.kind not in "iu":
+        raise TypeError(f"k must be an integer or one integer per session, got {k!r}")
+    if (values < 0).any():
+        raise ValueError(f"k must be >= 0, got {int(values[values < 0][0])}")
+    return values.astype(np.int64)
+
+
+def per_session(value: Any, sessions: int, name: str) -> np.ndarray:
+    """Broadcast a scalar, or check a per-session sequence has length S."""
+    if hasattr(value, "shape") and library_of(value) != NUMPY:
+        value = to_numpy(value)
+    arr = np.asarray(value)
+    if arr.dtype == object:
+        raise TypeError(f"{name} must be numeric, got {value!r}")
+    if arr.ndim == 0:
+        return np.full(sessions, arr[()], dtype=arr.dtype)
+    if arr.shape != (sessions,):
+        raise ValueError(f"{name} must be a scalar or have one value per session ({sessions}), got shape {arr.shape}")
+    return arr
+
+
+def check_eps(eps: Any) -> float:
+    """eps as a finite float >= 0."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {eps!r}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def check_rows(batch: RaggedBatch) -> None:
+    """Raise ValueError naming the first row (and session) that is all zeros or not finite."""
+    x = batch.values
+    xp = array_module(library_of(x))
+    finite = to_numpy(xp.isfinite(x).all(1))
+    nonzero = to_numpy((x != 0).any(1))
+    ok = finite & nonzero
+    if ok.all():
+        return
+    row = int(np.argmin(ok))
+    session = int(np.searchsorted(batch.offsets, row, side="right") - 1)
+    local = row - int(batch.offsets[session])
+    where = f"row {local}" if batch.num_sessions == 1 else f"session {session} row {local}"
+    problem = "not finite" if not finite[row] else "all zeros"
+    raise ValueError(f"{where} of the embeddings is {problem}; every row must be finite and non-zero")
+
+
+def array_module(lib: str) -> Any:
+    """The numpy-like module of an array library."""
+    if lib == TORCH:
+        import torch
+
+        return torch
+    if lib == NUMPY:
+        return np
+    import cupy
+
+    return cupy
