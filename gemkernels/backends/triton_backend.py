@@ -1,0 +1,90 @@
+"""triton backend: the selection kernels of ``gemkernels.kernels`` on CUDA (or Triton's CPU interpreter).
+
+Three paths give the same answers; `choose_path` picks one per batch by shape:
+``gram`` (one tensor-core GEMM per session, then the greedy on G: n small against d),
+``fused`` (the whole greedy in one launch, a pass over X per direction) and ``stepwise``
+(two launches per step, parallel over row tiles: few, very long sessions).
+Inputs of any float dtype are read as stored and accumulated in fp32; float64 is read as fp32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..ragged import RaggedBatch
+from . import PackedSelection
+
+LIBRARY = "torch"
+PATHS = ("gram", "fused", "stepwise")
+
+#: Largest session whose Gram matrix the ``gram`` path builds (n^2 fp32 = 4 MiB).
+GRAM_MAX_ROWS = 1024
+#: Budget for all packed Gram matrices of one batch, in bytes.
+GRAM_MAX_BYTES = 2 << 30
+#: Below this many sessions per SM-sized worker, a long session is better split over row tiles.
+STEPWISE_MIN_ROWS = 8192
+
+
+def kernel_device() -> torch.device:
+    """Where the kernels run: the current CUDA device, or the CPU under TRITON_INTERPRET=1."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def choose_path(lengths: np.ndarray, d: int) -> str:
+    """Shape rule (provisional until measured on a GPU, see bench/RESULTS.md).
+
+    gram when every session is at most GRAM_MAX_ROWS rows, no longer than d (one GEMM beats
+    b passes over X), and the Gram matrices fit the budget; stepwise for a handful of very
+    long sessions (too few programs to fill the GPU); fused otherwise.
+    """
+    n_max = int(lengths.max())
+    if n_max <= min(GRAM_MAX_ROWS, d) and 4 * int((lengths.astype(np.int64) ** 2).sum()) <= GRAM_MAX_BYTES:
+        return "gram"
+    if n_max >= STEPWISE_MIN_ROWS and len(lengths) < 32:
+        return "stepwise"
+    return "fused"
+
+
+def select_packed(batch: RaggedBatch, tau: np.ndarray, capacity: np.ndarray, eps: float,
+                  path: str | None = None, block_n: int = 128, block_d: int = 64,
+                  block_m: int = 64, block_k: int = 32) -> PackedSelection:
+    """Prepare the packed inputs the kernels share, run the chosen path, return packed results."""
+    from ..kernels.greedy_fused import greedy_fused
+    from ..kernels.greedy_stepwise import greedy_stepwise
+    from ..kernels.gram import ragged_gram
+
+    path = path or choose_path(batch.lengths, batch.dim)
+    if path not in PATHS:
+        raise ValueError(f"unknown triton path {path!r}; choose one of {PATHS}")
+    x = batch.values
+    if x.dtype == torch.float64:
+        x = x.float()
+    x = x.contiguous()
+    device = x.device
+    inv_norm = torch.linalg.vector_norm(x, dim=1, dtype=torch.float32).reciprocal()
+    offsets = torch.as_tensor(batch.offsets, device=device)
+    protected_rows = np.flatnonzero(batch.protected)
+    session_of = np.searchsorted(batch.offsets, protected_rows, side="right") - 1
+    protected_idx = torch.as_tensor(np.append(protected_rows - batch.offsets[session_of], 0).astype(np.int32),
+                                    device=device)
+    protected_offsets = torch.as_tensor(
+        np.concatenate([[0], np.cumsum(np.bincount(session_of, minlength=batch.num_sessions))]), device=device)
+    candidate = torch.as_tensor((batch.eligible & ~batch.protected).astype(np.int8), device=device)
+    tau_t = torch.as_tensor(tau, dtype=torch.float32, device=device)
+    capacity_t = torch.as_tensor(capacity.astype(np.int32), device=device)
+    width = int(capacity.max())
+    common = dict(eps=eps, width=width, block_n=block_n, block_d=block_d)
+    if path == "stepwise":
+        lengths = torch.as_tensor(batch.lengths, device=device)
+        row_session = torch.repeat_interleave(torch.arange(batch.num_sessions, dtype=torch.int32, device=device),
+                                              lengths)
+        out = greedy_stepwise(x, inv_norm, offsets, row_session, protected_idx, protected_offsets, candidate,
+                              tau_t, capacity_t, lengths=lengths, **common)
+    else:
+        gram = gram_offsets = None
+        if path == "gram":
+            gram, gram_offsets = ragged_gram(x, inv_norm, offsets, batch.lengths, block_m=block_m, block_k=block_k)
+        out = greedy_fused(x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t,
+                           gram=gram, gram_offsets=gram_offsets, **common)
+    return PackedSelection(*out)

@@ -1,0 +1,122 @@
+"""The whole greedy selection of every session in one launch (one program per session).
+
+Pivoted partial Cholesky of each session's Gram matrix: adding pivot j computes
+``e = (G[j, :] - C[:, j]^T C) / sqrt(r_j)`` (``C`` the stored projections of earlier
+directions), then ``r -= e**2``. ``G[j, :]`` is either recomputed as ``X_hat x_hat_j`` (a pass
+over X per direction, O(n d b)) or read from a precomputed Gram matrix (``FROM_GRAM``,
+O(n b^2) after one O(n^2 d) GEMM). Accumulation is fp32 whatever the input dtype.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .pivot import pick_pivot, should_stop
+
+
+@triton.jit
+def _gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, c0, d, stride_x,
+                    FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows c0..c0+BLOCK_N of G[pivot, :] for one session (zeros past n)."""
+    rows = c0 + tl.arange(0, BLOCK_N)
+    m = rows < n
+    if FROM_GRAM:
+        g = tl.load(gram_ptr + pivot.to(tl.int64) * n + rows, mask=m, other=0.0)
+    else:
+        cols = tl.arange(0, BLOCK_D)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        row_ptr = x_ptr + (start + rows).to(tl.int64)[:, None] * stride_x
+        pivot_ptr = x_ptr + (start + pivot).to(tl.int64) * stride_x
+        for d0 in range(0, d, BLOCK_D):
+            cm = d0 + cols < d
+            xt = tl.load(row_ptr + d0 + cols[None, :], mask=m[:, None] & cm[None, :], other=0.0).to(tl.float32)
+            xj = tl.load(pivot_ptr + d0 + cols, mask=cm, other=0.0).to(tl.float32)
+            acc += tl.sum(xt * xj[None, :], axis=1)
+        scale = tl.load(inv_norm_ptr + start + rows, mask=m, other=0.0) * tl.load(inv_norm_ptr + start + pivot)
+        g = acc * scale
+    return g
+
+
+@triton.jit
+def greedy_fused_kernel(
+    x_ptr, inv_norm_ptr, gram_ptr, gram_offsets_ptr, offsets_ptr, protected_idx_ptr, protected_offsets_ptr,
+    candidate_ptr, tau_ptr, capacity_ptr, residuals_ptr, coords_ptr, indices_ptr, counts_ptr, coverage_ptr,
+    eps, d, stride_x, total_rows, width,
+    FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program runs session ``program_id(0)`` from protected seeding to its stop."""
+    s = tl.program_id(0)
+    start = tl.load(offsets_ptr + s).to(tl.int32)
+    n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
+    p_start = tl.load(protected_offsets_ptr + s).to(tl.int32)
+    num_protected = tl.load(protected_offsets_ptr + s + 1).to(tl.int32) - p_start
+    tau = tl.load(tau_ptr + s)
+    capacity = tl.load(capacity_ptr + s)
+    gram_ptr += tl.load(gram_offsets_ptr + s)
+    rows = tl.arange(0, BLOCK_N)
+
+    for c0 in range(0, n, BLOCK_N):
+        tl.store(residuals_ptr + start + c0 + rows, tl.full([BLOCK_N], 1.0, tl.float32), mask=c0 + rows < n)
+
+    t = 0
+    directions = 0
+    coverage = 0.0
+    running = 1
+    while running != 0:
+        pivot, forced, best = pick_pivot(residuals_ptr, candidate_ptr, protected_idx_ptr + p_start, start, n, t,
+                                         num_protected, BLOCK_N)
+        if should_stop(forced, best, t, capacity, coverage, tau, eps):
+            running = 0
+        else:
+            tl.store(indices_ptr + s.to(tl.int64) * width + t, pivot.to(tl.int64))
+            tl.store(candidate_ptr + start + pivot, tl.zeros([], tl.int8))
+            t += 1
+            r_pivot = tl.load(residuals_ptr + start + pivot)
+            if r_pivot > eps:
+                inv_pivot = 1.0 / tl.sqrt(r_pivot)
+                residual_sum = 0.0
+                for c0 in range(0, n, BLOCK_N):
+                    m = c0 + rows < n
+                    g = _gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, c0, d, stride_x,
+                                        FROM_GRAM, BLOCK_N, BLOCK_D)
+                    for k in range(0, directions):
+                        coord_row = coords_ptr + k * total_rows + start
+                        g -= tl.load(coord_row + pivot) * tl.load(coord_row + c0 + rows, mask=m, other=0.0)
+                    e = g * inv_pivot
+                    tl.store(coords_ptr + directions * total_rows + start + c0 + rows, e, mask=m)
+                    r = tl.load(residuals_ptr + start + c0 + rows, mask=m, other=0.0)
+                    r = tl.maximum(r - e * e, 0.0)
+                    tl.store(residuals_ptr + start + c0 + rows, r, mask=m)
+                    residual_sum += tl.sum(tl.where(m, r, 0.0), axis=0)
+                directions += 1
+                coverage = 1.0 - residual_sum / n
+    tl.store(counts_ptr + s, t.to(tl.int64))
+    tl.store(coverage_ptr + s, coverage)
+
+
+def greedy_fused(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, protected_idx: torch.Tensor,
+                 protected_offsets: torch.Tensor, candidate: torch.Tensor, tau: torch.Tensor,
+                 capacity: torch.Tensor, eps: float, width: int, gram: torch.Tensor | None = None,
+                 gram_offsets: torch.Tensor | None = None, block_n: int = 128, block_d: int = 64):
+    """Launch one program per session; returns (indices (S, width) -1 padded, counts, coverage, residuals).
+
+    ``candidate`` (int8, one per row) is consumed. With ``gram``/``gram_offsets`` the Gram rows
+    are read from the packed per-session matrices instead of recomputed from ``x``.
+    """
+    sessions = offsets.numel() - 1
+    rows, d = x.shape
+    device = x.device
+    residuals = torch.empty(rows, dtype=torch.float32, device=device)
+    coords = torch.empty(max(width, 1) * rows, dtype=torch.float32, device=device)
+    indices = torch.full((sessions, width), -1, dtype=torch.int64, device=device)
+    counts = torch.empty(sessions, dtype=torch.int64, device=device)
+    coverage = torch.empty(sessions, dtype=torch.float32, device=device)
+    from_gram = gram is not None
+    if not from_gram:
+        gram, gram_offsets = residuals, torch.zeros(sessions, dtype=torch.int64, device=device)
+    greedy_fused_kernel[(sessions,)](
+        x, inv_norm, gram, gram_offsets, offsets, protected_idx, protected_offsets, candidate, tau, capacity,
+        residuals, coords, indices, counts, coverage, eps, d, x.stride(0), rows, width,
+        FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_D=block_d,
+    )
+    return indices, counts, coverage, residuals
