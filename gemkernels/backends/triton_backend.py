@@ -9,6 +9,8 @@ Inputs of any float dtype are read as stored and accumulated in fp32; float64 is
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -24,6 +26,20 @@ GRAM_MAX_ROWS = 1024
 GRAM_MAX_BYTES = 2 << 30
 #: Below this many sessions per SM-sized worker, a long session is better split over row tiles.
 STEPWISE_MIN_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class TritonOptions:
+    """Path (None: `choose_path`) and tile sizes; tests shrink the tiles to cross chunk edges."""
+
+    path: str | None = None
+    block_n: int = 128
+    block_d: int = 64
+    block_m: int = 64
+    block_k: int = 32
+
+
+OPTIONS = TritonOptions()
 
 
 def kernel_device() -> torch.device:
@@ -47,14 +63,14 @@ def choose_path(lengths: np.ndarray, d: int) -> str:
 
 
 def select_packed(batch: RaggedBatch, tau: np.ndarray, capacity: np.ndarray, eps: float,
-                  path: str | None = None, block_n: int = 128, block_d: int = 64,
-                  block_m: int = 64, block_k: int = 32) -> PackedSelection:
+                  options: TritonOptions | None = None) -> PackedSelection:
     """Prepare the packed inputs the kernels share, run the chosen path, return packed results."""
     from ..kernels.greedy_fused import greedy_fused
     from ..kernels.greedy_stepwise import greedy_stepwise
     from ..kernels.gram import ragged_gram
 
-    path = path or choose_path(batch.lengths, batch.dim)
+    options = options or OPTIONS
+    path = options.path or choose_path(batch.lengths, batch.dim)
     if path not in PATHS:
         raise ValueError(f"unknown triton path {path!r}; choose one of {PATHS}")
     x = batch.values
@@ -74,7 +90,7 @@ def select_packed(batch: RaggedBatch, tau: np.ndarray, capacity: np.ndarray, eps
     tau_t = torch.as_tensor(tau, dtype=torch.float32, device=device)
     capacity_t = torch.as_tensor(capacity.astype(np.int32), device=device)
     width = int(capacity.max())
-    common = dict(eps=eps, width=width, block_n=block_n, block_d=block_d)
+    common = dict(eps=eps, width=width, block_n=options.block_n, block_d=options.block_d)
     if path == "stepwise":
         lengths = torch.as_tensor(batch.lengths, device=device)
         row_session = torch.repeat_interleave(torch.arange(batch.num_sessions, dtype=torch.int32, device=device),
@@ -84,7 +100,8 @@ def select_packed(batch: RaggedBatch, tau: np.ndarray, capacity: np.ndarray, eps
     else:
         gram = gram_offsets = None
         if path == "gram":
-            gram, gram_offsets = ragged_gram(x, inv_norm, offsets, batch.lengths, block_m=block_m, block_k=block_k)
+            gram, gram_offsets = ragged_gram(x, inv_norm, offsets, batch.lengths, block_m=options.block_m,
+                                              block_k=options.block_k)
         out = greedy_fused(x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t,
                            gram=gram, gram_offsets=gram_offsets, **common)
     return PackedSelection(*out)

@@ -1,0 +1,64 @@
+"""Compile every Triton kernel ahead of time for CUDA targets, without a GPU (ptxas ships with triton).
+
+Run without TRITON_INTERPRET; prints one line per kernel variant and exits non-zero on the first failure.
+Usage: python tests/compile_kernels.py [ARCH ...]   (default: 80 90)
+"""
+
+import itertools
+import os
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from gemkernels.kernels.gram import gram_kernel
+from gemkernels.kernels.greedy_fused import greedy_fused_kernel
+from gemkernels.kernels.greedy_stepwise import pivot_direction_kernel, residual_update_kernel
+
+INTS = {"i32": ("d", "stride_x", "total_rows", "width", "n"), "fp32": ("eps",)}
+POINTER_TYPES = {
+    "offsets_ptr": "*i64", "gram_offsets_ptr": "*i64", "protected_offsets_ptr": "*i64", "indices_ptr": "*i64",
+    "counts_ptr": "*i64", "protected_idx_ptr": "*i32", "capacity_ptr": "*i32", "directions_ptr": "*i32",
+    "row_session_ptr": "*i32", "tile_session_ptr": "*i32", "tile_row_ptr": "*i32", "tile_col_ptr": "*i32",
+    "candidate_ptr": "*i8", "adding_ptr": "*i8", "running_ptr": "*i8",
+}
+
+
+def source(fn, x_dtype: str, constexprs: dict) -> ASTSource:
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name == "x_ptr":
+            signature[name] = x_dtype
+        elif name in POINTER_TYPES:
+            signature[name] = POINTER_TYPES[name]
+        else:
+            signature[name] = next((t for t, names in INTS.items() if name in names), "*fp32")
+    return ASTSource(fn=fn, signature=signature,
+                     constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+
+
+def variants():
+    for x_dtype in ("*fp32", "*fp16", "*bf16"):
+        for from_gram in (False, True):
+            yield "greedy_fused", greedy_fused_kernel, x_dtype, dict(FROM_GRAM=from_gram, BLOCK_N=128, BLOCK_D=64)
+        precision = "ieee" if x_dtype == "*fp32" else "tf32"
+        yield "gram", gram_kernel, x_dtype, dict(BLOCK_M=64, BLOCK_K=32, INPUT_PRECISION=precision)
+        yield "pivot_direction", pivot_direction_kernel, x_dtype, dict(BLOCK_N=128, BLOCK_D=64)
+        yield "residual_update", residual_update_kernel, x_dtype, dict(BLOCK_N=128, BLOCK_D=64)
+
+
+def main(archs: list[int]) -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: the interpreter cannot compile kernels", file=sys.stderr)
+        return 2
+    for arch, (name, fn, x_dtype, constexprs) in itertools.product(archs, variants()):
+        kernel = triton.compile(source(fn, x_dtype, constexprs), target=GPUTarget("cuda", arch, 32))
+        print(f"sm_{arch} {name} x={x_dtype} {constexprs}: {len(kernel.asm['cubin'])} bytes of cubin")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main([int(a) for a in sys.argv[1:]] or [80, 90]))
