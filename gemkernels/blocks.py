@@ -1,55 +1,159 @@
-"""Interaction blocks of an OpenAI chat-completions history (DESIGN.md §2 stage 1).
+"""Interaction blocks of a chat history (DESIGN.md §2 stage 1), OpenAI and Anthropic alike.
 
-A removable block is one assistant message with ``tool_calls`` plus every ``tool`` message
-answering them (matched by id). Everything else (system/task prefix, plain messages,
-incomplete blocks) is kept. Blocks refer to the caller's messages by position; nothing
-is copied or changed.
+A removable block is one assistant message that calls tools plus every message answering
+those calls: OpenAI ``tool`` messages matched by ``tool_call_id``, or the Anthropic ``user``
+message whose ``tool_result`` parts answer the ``tool_use`` parts. Everything else (the
+prefix, plain turns, legacy ``function_call``) is never removed. Blocks refer to the
+caller's messages by position: parsing copies and changes nothing.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+OPENAI, ANTHROPIC = "openai", "anthropic"
+
 
 class BlockStructureError(ValueError):
-    """The history cannot be split safely (duplicate or unmatched tool-call ids); forward it unchanged."""
+    """The history cannot be split safely (duplicate, missing or orphan tool-call ids); forward it unchanged."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """One tool call: its name and its arguments as text (JSON as the caller sent it)."""
+
+    name: str
+    arguments: str
 
 
 @dataclass(frozen=True)
 class Block:
-    """One removable block: the assistant message at ``start`` and its tool results, by message position."""
+    """One removable block: message positions (assistant first) and its normalised content."""
 
     positions: tuple[int, ...]
+    call_ids: tuple[str, ...]
+    reasoning: str
+    text: str
+    actions: tuple[Action, ...]
+    observations: tuple[str, ...]
 
     @property
     def start(self) -> int:
         return self.positions[0]
 
+    @property
+    def key(self) -> str:
+        """Stable identity across requests: the tool-call ids."""
+        return "\x1f".join(self.call_ids)
 
-def split_blocks(messages: Sequence[dict[str, Any]]) -> list[Block]:
-    """Removable blocks in order; raises `BlockStructureError` when tool-call ids are duplicated or unmatched."""
-    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
+
+@dataclass(frozen=True)
+class History:
+    """A parsed request: the caller's messages, their format, and the removable blocks in order."""
+
+    messages: Sequence[dict[str, Any]]
+    format: str
+    blocks: tuple[Block, ...]
+
+    @property
+    def prefix_end(self) -> int:
+        """Messages before the first block (system prompt, task) form the prefix."""
+        return self.blocks[0].start if self.blocks else len(self.messages)
+
+    def block_positions(self) -> set[int]:
+        return {p for block in self.blocks for p in block.positions}
+
+    def task_text(self) -> str:
+        """The latest user instruction that is not a tool result ('' if none)."""
+        for message in reversed(self.messages):
+            if message.get("role") == "user" and not is_tool_result_message(message):
+                text = content_text(message.get("content"))
+                if text.strip():
+                    return text
+        return ""
+
+
+def content_text(content: Any) -> str:
+    """Plain text of a message ``content``: a string, or the text parts of a list (other parts are skipped)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict):
+                if isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+                elif part.get("type") == "tool_result":
+                    parts.append(content_text(part.get("content")))
+        return "\n".join(parts)
+    return json.dumps(content, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def is_tool_result_message(message: dict[str, Any]) -> bool:
+    """An OpenAI ``tool``/``function`` message, or an Anthropic user message carrying ``tool_result`` parts."""
+    if message.get("role") in ("tool", "function"):
+        return True
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") == "tool_result" for part in content)
+
+
+def detect_format(messages: Sequence[dict[str, Any]]) -> str:
+    """``anthropic`` when any message carries ``tool_use``/``tool_result`` parts, else ``openai``."""
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in ("tool_use", "tool_result")
+                                             for p in content):
+            return ANTHROPIC
+    return OPENAI
+
+
+def parse_history(messages: Any, format: str = "auto") -> History:
+    """Split ``messages`` into blocks; raises `BlockStructureError` on anything unsafe to edit."""
+    if not isinstance(messages, (list, tuple)):
         raise BlockStructureError(f"messages must be a list, got {type(messages).__name__}")
-    owner: dict[str, int] = {}
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise BlockStructureError(f"message {i} is {type(message).__name__}, not an object")
-        if message.get("role") == "assistant":
-            for call in message.get("tool_calls") or ():
-                call_id = call.get("id") if isinstance(call, dict) else None
-                if not isinstance(call_id, str) or not call_id:
-                    raise BlockStructureError(f"message {i} has a tool call without an id")
-                if call_id in owner:
-                    raise BlockStructureError(f"tool call id {call_id!r} is used twice (messages {owner[call_id]} "
-                                              f"and {i})")
-                owner[call_id] = i
+        if not isinstance(message.get("role"), str):
+            raise BlockStructureError(f"message {i} has no role")
+    fmt = detect_format(messages) if format == "auto" else format
+    if fmt == OPENAI:
+        blocks = openai_blocks(messages)
+    elif fmt == ANTHROPIC:
+        blocks = anthropic_blocks(messages)
+    else:
+        raise ValueError(f"unknown message format {format!r}; choose auto, openai or anthropic")
+    return History(messages, fmt, tuple(blocks))
+
+
+def openai_blocks(messages: Sequence[dict[str, Any]]) -> list[Block]:
+    owner: dict[str, int] = {}
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise BlockStructureError(f"message {i} has tool_calls that are not a list")
+        for call in calls:
+            call_id = call.get("id") if isinstance(call, dict) else None
+            if not isinstance(call_id, str) or not call_id:
+                raise BlockStructureError(f"message {i} has a tool call without an id")
+            if call_id in owner:
+                raise BlockStructureError(f"tool call id {call_id!r} is used twice (messages {owner[call_id]} and {i})")
+            owner[call_id] = i
 
     results: dict[int, list[int]] = {i: [] for i in set(owner.values())}
     answered: set[str] = set()
     for i, message in enumerate(messages):
-        if message.get("role") != "tool":
+        if message["role"] != "tool":
             continue
         call_id = message.get("tool_call_id")
         if call_id not in owner:
@@ -60,7 +164,79 @@ def split_blocks(messages: Sequence[dict[str, Any]]) -> list[Block]:
             raise BlockStructureError(f"tool message {i} comes before its call (message {owner[call_id]})")
         answered.add(call_id)
         results[owner[call_id]].append(i)
-    missing = sorted(set(owner) - answered)
+    missing = sorted(set(owner) - answered, key=owner.get)
     if missing:
         raise BlockStructureError(f"tool call {missing[0]!r} (message {owner[missing[0]]}) has no result")
-    return [Block((start, *results[start])) for start in sorted(results)]
+
+    blocks = []
+    for start in sorted(results):
+        assistant = messages[start]
+        calls = assistant["tool_calls"]
+        actions = []
+        for call in calls:
+            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            arguments = function.get("arguments", "")
+            actions.append(Action(str(function.get("name", "")),
+                                  arguments if isinstance(arguments, str) else json.dumps(arguments)))
+        blocks.append(Block(
+            positions=(start, *results[start]),
+            call_ids=tuple(call["id"] for call in calls),
+            reasoning=content_text(assistant.get("reasoning_content") or assistant.get("reasoning")),
+            text=content_text(assistant.get("content")),
+            actions=tuple(actions),
+            observations=tuple(content_text(messages[p].get("content")) for p in results[start]),
+        ))
+    return blocks
+
+
+def anthropic_blocks(messages: Sequence[dict[str, Any]]) -> list[Block]:
+    blocks = []
+    seen: set[str] = set()
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        uses = [p for p in parts(message) if p.get("type") == "tool_use"]
+        results = [p for p in parts(message) if p.get("type") == "tool_result"]
+        if results:
+            raise BlockStructureError(f"message {i} holds tool_result parts that answer no preceding tool_use")
+        if message["role"] != "assistant" or not uses:
+            i += 1
+            continue
+        ids = [p.get("id") for p in uses]
+        if not all(isinstance(x, str) and x for x in ids):
+            raise BlockStructureError(f"message {i} has a tool_use without an id")
+        duplicate = next((x for x in ids if x in seen or ids.count(x) > 1), None)
+        if duplicate:
+            raise BlockStructureError(f"tool_use id {duplicate!r} is used twice")
+        seen.update(ids)
+        answer = messages[i + 1] if i + 1 < len(messages) else None
+        answer_parts = parts(answer) if answer is not None and answer["role"] == "user" else []
+        answered = [p.get("tool_use_id") for p in answer_parts if p.get("type") == "tool_result"]
+        if sorted(answered) != sorted(ids):
+            raise BlockStructureError(f"the tool_use ids of message {i} are not answered exactly by message {i + 1}")
+        if all(p.get("type") == "tool_result" for p in answer_parts):
+            blocks.append(Block(
+                positions=(i, i + 1),
+                call_ids=tuple(ids),
+                reasoning="\n".join(p.get("thinking", "") for p in parts(message) if p.get("type") == "thinking"),
+                text="\n".join(p.get("text", "") for p in parts(message) if p.get("type") == "text"),
+                actions=tuple(Action(str(p.get("name", "")), json.dumps(p.get("input", {}), ensure_ascii=False))
+                              for p in uses),
+                observations=tuple(content_text(p.get("content")) for p in answer_parts),
+            ))
+        i += 2
+    return blocks
+
+
+def parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dict parts of a message's list content ([] for string content)."""
+    content = message.get("content")
+    return [p for p in content if isinstance(p, dict)] if isinstance(content, list) else []
+
+
+def reconstruct(history: History, kept_blocks: set[int]) -> list[dict[str, Any]]:
+    """The caller's message objects minus the blocks not in ``kept_blocks``, in original order, validated again."""
+    dropped = {p for b, block in enumerate(history.blocks) if b not in kept_blocks for p in block.positions}
+    out = [message for i, message in enumerate(history.messages) if i not in dropped]
+    parse_history(out, history.format)
+    return out

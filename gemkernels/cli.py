@@ -16,7 +16,7 @@ from typing import Any
 
 from .api import DEFAULT_K, DEFAULT_TAU, select
 from .arrays import to_numpy
-from .blocks import BlockStructureError, split_blocks
+from .blocks import BlockStructureError, parse_history
 from .encoders import make_encoder
 from .representation import block_text
 
@@ -33,14 +33,14 @@ def load_messages(path: Path) -> list[dict[str, Any]]:
 def run_select(args: argparse.Namespace) -> int:
     messages = load_messages(args.file)
     try:
-        blocks = split_blocks(messages)
+        blocks = parse_history(messages).blocks
     except BlockStructureError as err:
         print(f"{args.file}: history forwarded unchanged: {err}", file=sys.stderr)
         return 1
     if not blocks:
         print(f"{args.file}: no tool-call blocks to select from", file=sys.stderr)
         return 1
-    texts = [block_text(messages, block) for block in blocks]
+    texts = [block_text(block) for block in blocks]
     started = time.perf_counter()
     encoder = make_encoder(args.encoder)
     embeddings = encoder.encode(texts)

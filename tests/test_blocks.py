@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gemkernels.blocks import Block, BlockStructureError, split_blocks
+from gemkernels.blocks import BlockStructureError, parse_history, reconstruct
 from gemkernels.representation import MAX_CHARS, block_text, truncate_middle
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
@@ -32,11 +32,13 @@ def history():
 
 
 def test_blocks_group_parallel_calls_with_all_their_results():
-    assert split_blocks(history()) == [Block((2, 3)), Block((4, 5, 6))]
+    blocks = parse_history(history()).blocks
+    assert [b.positions for b in blocks] == [(2, 3), (4, 5, 6)]
+    assert blocks[1].call_ids == ('b', 'c') and [a.name for a in blocks[1].actions] == ['read', 'read']
 
 
 def test_plain_messages_and_prefix_are_not_blocks():
-    covered = {p for block in split_blocks(history()) for p in block.positions}
+    covered = {p for block in parse_history(history()).blocks for p in block.positions}
     assert covered.isdisjoint({0, 1, 7, 8})
 
 
@@ -52,20 +54,20 @@ def test_invalid_structure_is_refused(mutate, problem):
     h = history()
     mutate(h)
     with pytest.raises(BlockStructureError, match=problem):
-        split_blocks(h)
+        parse_history(h)
 
 
 def test_result_before_its_call_is_refused():
     h = history()
     h[2], h[3] = h[3], h[2]
     with pytest.raises(BlockStructureError, match="before its call"):
-        split_blocks(h)
+        parse_history(h)
 
 
 def test_representation_has_markers_in_order_and_leaves_messages_untouched():
     h = history()
     before = copy.deepcopy(h)
-    text = block_text(h, split_blocks(h)[1])
+    text = block_text(parse_history(h).blocks[1])
     markers = ["ASSISTANT_REASONING", "ASSISTANT_TEXT", "ACTION: read", "ACTION: read", "OBSERVATION", "OBSERVATION"]
     positions = [text.index(m, text.index(markers[i - 1]) + 1 if i else 0) for i, m in enumerate(markers)]
     assert positions == sorted(positions)
@@ -82,7 +84,7 @@ def test_long_text_keeps_head_and_tail_within_limit():
 
 def test_bundled_example_has_32_complete_blocks():
     messages = json.loads(EXAMPLE.read_text())["messages"]
-    blocks = split_blocks(messages)
+    blocks = parse_history(messages).blocks
     assert len(blocks) == 32
     assert all(messages[b.start]["role"] == "assistant" and len(b.positions) == 2 for b in blocks)
-    assert all(len(block_text(messages, b)) <= MAX_CHARS for b in blocks)
+    assert all(len(block_text(b)) <= MAX_CHARS for b in blocks)
