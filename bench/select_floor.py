@@ -1,0 +1,336 @@
+"""Selection against its floors, side by side in one process: medians and ratios, never pass/fail.
+
+    python -m bench.select_floor [--out DIR] [--only numpy torch gpu] [--repeats-scale X]
+
+a. numpy, one session (n=512, d=1024, tau=1.0, k=16: exactly 16 steps, float32): ``gk.select``
+   against the sequential floor (16 back-to-back ``X @ v``, the matrix-vector products the greedy
+   cannot avoid) and against one GEMM ``X @ Q.T`` with 16 rows in Q.
+b. torch on the CPU, 64 sessions of 64 x 384 (tau=0.9, k=16): one ``select_batch`` against 64
+   ``select`` calls; the numpy backend on the same batch alongside.
+c. CUDA only: each triton path (gram, fused, stepwise) against the torch backend at S=1024,
+   n=256, d=1024, b=16 in fp32 and bf16, and the time to read X once at the measured
+   device-to-device copy bandwidth. Skipped, with a note, without a GPU.
+
+Contenders of one measurement are timed in interleaved rounds (`bench.timing.compare`), so the
+ratios hold up on a noisy machine. Every row is printed as markdown and appended as one JSON
+line (config, medians, ratios, versions, git commit, CPU, date) to DIR/results.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+import gemkernels as gk
+
+from . import cases
+from .timing import Timing, compare, cuda_call, fmt_seconds, measure
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = Path(__file__).resolve().parent / "out"
+
+try:
+    from tqdm import tqdm
+except ImportError:  # plain progress lines instead of a bar
+    tqdm = None
+
+
+def say(text: str = "") -> None:
+    """Print without tearing a tqdm bar."""
+    (tqdm.write if tqdm is not None else print)(text)
+
+
+# --------------------------------------------------------------------------- where and when
+
+
+def git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict:
+    """What a result depends on besides the code: versions, commit, machine, threads, date."""
+    env = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": version("torch"),
+        "triton": version("triton"),
+        "thread_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+                       if k in os.environ},
+        "gpu": None,
+    }
+    try:
+        import torch
+
+        env["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    return env
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+class Recorder:
+    """Prints markdown rows and appends JSON lines to ``out_dir/results.jsonl``."""
+
+    HEADER = "| measurement | config | median | IQR | ratio | target |\n|---|---|---|---|---|---|"
+
+    def __init__(self, out_dir: Path):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = out_dir / "results.jsonl"
+        self.env = environment()
+
+    def section(self, title: str, note: str | None = None) -> None:
+        say(f"\n### {title}\n" + (f"\n{note}\n" if note else "") + f"\n{self.HEADER}")
+
+    def row(self, measurement: str, config: dict, timing: Timing | float | None,
+            ratios: dict[str, float] | None = None, target: str | None = None, **extra) -> None:
+        """``timing``: a measured `Timing`, a derived time in seconds (no spread), or None (nothing timed)."""
+        ratios = ratios or {}
+        ratio_text = ", ".join(f"{name} {value:.2f}x" for name, value in ratios.items()) or extra.get("error", "-")
+        short = " ".join(f"{k}={v}" for k, v in config.items() if k != "name")
+        if isinstance(timing, Timing):
+            median, spread = fmt_seconds(timing.median), f"{fmt_seconds(timing.q1)}-{fmt_seconds(timing.q3)}"
+            numbers = {"median_s": timing.median, "q1_s": timing.q1, "q3_s": timing.q3, "repeats": timing.repeats}
+        elif timing is not None:
+            median, spread = fmt_seconds(timing), "derived"
+            numbers = {"median_s": timing, "q1_s": None, "q3_s": None, "repeats": None, "derived": True}
+        else:
+            median, spread = "-", "-"
+            numbers = {"median_s": None, "q1_s": None, "q3_s": None, "repeats": None}
+        say(f"| {measurement} | {short} | {median} | {spread} | {ratio_text} | {target or '-'} |")
+        record = {
+            "measurement": measurement, "config": config, **numbers,
+            "ratio": next(iter(ratios.values()), None), "ratios": ratios, "target": target, **extra,
+            "loadavg_1m": os.getloadavg()[0], **self.env,
+        }
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def expect_steps(counts, k: int, what: str) -> None:
+    """Every session must have taken exactly k steps, or the comparison with a k-step floor is void."""
+    counts = np.asarray(counts)
+    if not (counts == k).all():
+        raise RuntimeError(f"{what}: expected {k} selected rows per session, got {sorted(set(counts.tolist()))}")
+
+
+# --------------------------------------------------------------------------- a. numpy against its floor
+
+
+def bench_numpy(rec: Recorder, repeats: int) -> None:
+    case = cases.NUMPY_ONE
+    n, d, b = case.n, case.d, case.k
+    x = cases.numpy_sessions(case)[0]
+    bytes_moved, flops = b * n * d * x.itemsize, 2 * n * d * b
+    rec.section(f"a. numpy backend, one session (n={n}, d={d}, {b} steps, float32)",
+                f"floor: {b} passes over X = {b} x {n}*{d}*{x.itemsize} B = {bytes_moved / 1e6:.1f} MB moved, "
+                f"2*n*d*b = {flops / 1e6:.1f} MFLOP")
+
+    def select():
+        return gk.select(x, tau=case.tau, k=case.k, backend="numpy")
+
+    def floor():
+        for i in range(b):
+            x @ x[i]
+
+    q = np.ascontiguousarray(x[:b])
+
+    def gemm():
+        return x @ q.T
+
+    expect_steps([len(select().indices)], b, "numpy select")
+    t = compare({"floor": floor, "gemm": gemm, "select": select}, repeats)
+    config = case.describe() | {"dtype": "float32"}
+    rec.row(f"sequential floor ({b} x X@v)", config, t["floor"],
+            bytes_moved=bytes_moved, flops=flops, gb_per_s=bytes_moved / t["floor"].median / 1e9)
+    rec.row("one GEMM X@Q.T", config, t["gemm"], {"gemm/floor": t["gemm"].median / t["floor"].median},
+            gflop_per_s=flops / t["gemm"].median / 1e9)
+    rec.row("gk.select numpy", config, t["select"],
+            {"select/floor": t["select"].median / t["floor"].median,
+             "select/gemm": t["select"].median / t["gemm"].median}, target="select/floor <= 1.5")
+
+
+# --------------------------------------------------------------------------- b. torch batch against a loop
+
+
+def bench_torch(rec: Recorder, repeats: int) -> None:
+    import torch
+
+    case = cases.TORCH_BATCH
+    xs, xn = cases.torch_sessions(case), cases.numpy_sessions(case)
+    kw = dict(tau=case.tau, k=case.k)
+    rec.section(f"b. torch backend on the CPU ({torch.get_num_threads()} threads), "
+                f"{case.sessions} sessions of {case.n} x {case.d}")
+
+    def torch_batch():
+        return gk.select_batch(xs, backend="torch", **kw)
+
+    def torch_loop():
+        return [gk.select(x, backend="torch", **kw) for x in xs]
+
+    def numpy_batch():
+        return gk.select_batch(xn, backend="numpy", **kw)
+
+    for name, fn in (("torch batch", torch_batch), ("torch loop", torch_loop), ("numpy batch", numpy_batch)):
+        expect_steps([len(s.indices) for s in fn()], case.k, name)
+    t = compare({"torch loop": torch_loop, "torch batch": torch_batch, "numpy batch": numpy_batch}, repeats)
+    config = case.describe() | {"dtype": "float32", "device": "cpu"}
+    rec.row(f"{case.sessions} x gk.select torch", config, t["torch loop"])
+    rec.row("1 x gk.select_batch torch", config, t["torch batch"],
+            {"speed-up loop/batch": t["torch loop"].median / t["torch batch"].median}, target="speed-up >= 5")
+    rec.row("1 x gk.select_batch numpy", config, t["numpy batch"],
+            {"numpy/torch batch": t["numpy batch"].median / t["torch batch"].median})
+
+
+# --------------------------------------------------------------------------- c. GPU: triton paths against torch
+
+
+def gpu_unavailable() -> str | None:
+    """Why section c cannot run here, or None."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False (CPU-only machine)"
+    if version("triton") is None:
+        return "triton is not installed"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "TRITON_INTERPRET=1 is set; the interpreter would time the CPU, not the GPU"
+    return None
+
+
+COPY_BYTES = 2 << 30
+
+
+def copy_bandwidth(repeats: int, nbytes: int = COPY_BYTES) -> float:
+    """Device-to-device bytes per second of ``clone`` (read + write counted), from the median of ``repeats``."""
+    import torch
+
+    buf = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
+    t = measure(lambda: buf.clone(), repeats, timer=cuda_call)
+    del buf
+    torch.cuda.empty_cache()
+    return 2 * nbytes / t.median
+
+
+def bench_gpu(rec: Recorder, repeats: int) -> None:
+    case = cases.GPU_BATCH
+    rec.section(f"c. GPU: triton paths against torch, {case.sessions} sessions of {case.n} x {case.d}, {case.k} steps")
+    reason = gpu_unavailable()
+    if reason is not None:
+        say(f"skipped: {reason}. On a CUDA machine run: python -m bench.select_floor --only gpu")
+        return
+
+    import torch
+
+    from gemkernels.backends import triton_backend
+    from gemkernels.backends.triton_backend import PATHS, TritonOptions
+
+    bandwidth = copy_bandwidth(repeats)
+    say(f"device-to-device copy bandwidth (clone of {COPY_BYTES >> 30} GiB, read+write): {bandwidth / 1e9:.0f} GB/s; "
+        f"default path for this shape: {triton_backend.choose_path(np.full(case.sessions, case.n), case.d)}\n")
+    for dtype in (torch.float32, torch.bfloat16):
+        batch = cases.ragged_batch(case, "cuda", dtype)
+        config = case.describe() | {"dtype": str(dtype).removeprefix("torch."), "device": torch.cuda.get_device_name()}
+        read_once = batch.values.nbytes / bandwidth
+        rec.row("read X once (floor)", config, read_once, x_bytes=batch.values.nbytes,
+                copy_bandwidth_b_per_s=bandwidth)
+
+        def run(backend: str, path: str | None = None):
+            saved = triton_backend.OPTIONS
+            triton_backend.OPTIONS = TritonOptions(path=path)
+            try:
+                return gk.select_ragged(batch, tau=case.tau, k=case.k, backend=backend)
+            finally:
+                triton_backend.OPTIONS = saved
+
+        fns, reference = {"torch": lambda: run("torch")}, run("torch")
+        expect_steps(reference.counts.cpu(), case.k, "torch backend")
+        agreement = {}
+        for path in PATHS:
+            try:
+                out = run("triton", path)
+                expect_steps(out.counts.cpu(), case.k, f"triton {path}")
+            except Exception as exc:  # report a broken path, keep measuring the others
+                rec.row(f"gk.select_ragged triton {path}", config, None, error=f"failed: {type(exc).__name__}: {exc}")
+                continue
+            agreement[path] = float((out.indices == reference.indices).all(dim=1).float().mean())
+            fns[f"triton {path}"] = lambda path=path: run("triton", path)
+        del reference
+        t = compare(fns, repeats, timer=cuda_call)
+        rec.row("gk.select_ragged torch", config, t["torch"], {"torch/read-once": t["torch"].median / read_once})
+        for path in agreement:
+            timing = t[f"triton {path}"]
+            rec.row(f"gk.select_ragged triton {path}", config, timing,
+                    {"torch/triton": t["torch"].median / timing.median, "triton/read-once": timing.median / read_once},
+                    same_indices_as_torch=agreement[path])
+        del batch, fns
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- main
+
+SECTIONS = {"numpy": (bench_numpy, 200), "torch": (bench_torch, 15), "gpu": (bench_gpu, 20)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.select_floor", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default: bench/out/)")
+    parser.add_argument("--only", nargs="+", choices=list(SECTIONS), default=list(SECTIONS), help="sections to run")
+    parser.add_argument("--repeats-scale", type=float, default=1.0, help="multiply every section's repeat count")
+    args = parser.parse_args(argv)
+
+    rec = Recorder(args.out)
+    env = rec.env
+    say(f"gemkernels select benchmarks - {env['date']} - commit {env['git_commit']}"
+        f"{' (dirty)' if env['git_dirty'] else ''}\n{env['cpu']}, {env['cpu_count']} cores, numpy {env['numpy']}, "
+        f"torch {env['torch']}, GPU: {env['gpu'] or 'none'}\nresults appended to {rec.path}")
+    names = args.only
+    steps = tqdm(names, desc="sections", leave=False) if tqdm is not None else names
+    for i, name in enumerate(steps):
+        if tqdm is None:
+            print(f"[{i + 1}/{len(names)}] {name}", file=sys.stderr)
+        fn, repeats = SECTIONS[name]
+        fn(rec, max(3, round(repeats * args.repeats_scale)))
+
+
+if __name__ == "__main__":
+    main()
