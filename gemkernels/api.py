@@ -57,18 +57,18 @@ def select_ragged(batch: RaggedBatch, tau: Any = DEFAULT_TAU, k: Any = DEFAULT_K
     tau_s = per_session_tau(tau, sessions)
     k_s = per_session_k(k, sessions)
     eps = check_eps(eps)
-    check_rows(batch)
+    sq_norms = row_sq_norms(batch)
 
     name = auto_backend(batch.values) if backend == "auto" else backend
     impl = get_backend(name)
     caller_lib, caller_device = library_of(batch.values), getattr(batch.values, "device", None)
     compute_device = impl.kernel_device() if name == "triton" and not is_cuda(batch.values) else None
     values = convert_like(batch.values, impl.LIBRARY, compute_device)
+    sq_norms = convert_like(sq_norms, impl.LIBRARY, compute_device)
 
     counts_p = np.add.reduceat(batch.protected.astype(np.int64), batch.offsets[:-1])
     capacity = np.minimum(np.maximum(k_s, counts_p), batch.lengths)
-    packed = impl.select_packed(
-        RaggedBatch(values, batch.offsets, batch.protected, batch.eligible), tau_s, capacity, eps)
+    packed = impl.select_packed(batch, values, sq_norms, tau_s, capacity, eps)
 
     out_device = caller_device if caller_lib == TORCH else None
     return RaggedSelection(
@@ -125,20 +125,34 @@ def check_eps(eps: Any) -> float:
     return float(eps)
 
 
-def check_rows(batch: RaggedBatch) -> None:
-    """Raise ValueError naming the first row (and session) that is all zeros or not finite."""
+def row_sq_norms(batch: RaggedBatch) -> Any:
+    """Squared row norms in the values' library, accumulated in float32 (float64 for float64 input);
+    raises ValueError naming the first row (and session) that is all zeros or not finite."""
     x = batch.values
-    xp = array_module(library_of(x))
-    finite = to_numpy(xp.isfinite(x).all(1))
-    nonzero = to_numpy((x != 0).any(1))
-    ok = finite & nonzero
-    if ok.all():
-        return
-    row = int(np.argmin(ok))
+    lib = library_of(x)
+    if lib == TORCH:
+        import torch
+
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        sq = torch.linalg.vector_norm(x, dim=1, dtype=acc) ** 2
+    elif lib == NUMPY and hasattr(np, "vecdot"):
+        x = x if x.dtype in (np.float32, np.float64) else x.astype(np.float32)
+        sq = np.vecdot(x, x)
+    else:
+        xp = array_module(lib)
+        acc = xp.float64 if x.dtype == xp.float64 else xp.float32
+        sq = xp.einsum("ij,ij->i", x, x, dtype=acc)
+    host = to_numpy(sq)
+    bad = ~(np.isfinite(host) & (host > 0))
+    if not bad.any():
+        return sq
+    row = int(np.argmax(bad))
     session = int(np.searchsorted(batch.offsets, row, side="right") - 1)
-    local = row - int(batch.offsets[session])
-    where = f"row {local}" if batch.num_sessions == 1 else f"session {session} row {local}"
-    problem = "not finite" if not finite[row] else "all zeros"
+    where = f"row {row}" if batch.num_sessions == 1 else f"session {session} row {row - int(batch.offsets[session])}"
+    finite = bool(to_numpy(array_module(lib).isfinite(x[row])).all())
+    nonzero = bool(to_numpy((x[row] != 0).any()))
+    problem = ("not finite" if not finite else "all zeros" if not nonzero
+               else "too large or too small to normalise in float32 (rescale the embeddings)")
     raise ValueError(f"{where} of the embeddings is {problem}; every row must be finite and non-zero")
 
 

@@ -1,8 +1,9 @@
 """Backend registry: which backends can run here, and the ``backend="auto"`` rule.
 
 Every backend module exposes ``LIBRARY`` (the array library it computes in) and
-``select_packed(batch, tau, capacity, eps) -> PackedSelection`` on a validated batch
-whose values already live in that library.
+``select_packed(batch, values, sq_norms, tau, capacity, eps) -> PackedSelection``: ``batch``
+is validated, ``values`` and ``sq_norms`` (squared row norms) are its rows already in that
+library, ``capacity`` is K_t = max(k, |P|) per session.
 """
 
 from __future__ import annotations

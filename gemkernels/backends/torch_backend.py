@@ -16,9 +16,9 @@ from . import PackedSelection
 LIBRARY = "torch"
 
 
-def select_packed(batch: RaggedBatch, tau: np.ndarray, capacity: np.ndarray, eps: float) -> PackedSelection:
+def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor, tau: np.ndarray,
+                  capacity: np.ndarray, eps: float) -> PackedSelection:
     """All sessions in lock-step: one batched matmul per step over the padded batch."""
-    values = batch.values
     device = values.device
     dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
     sessions, width = batch.num_sessions, int(capacity.max())
@@ -28,8 +28,7 @@ def select_packed(batch: RaggedBatch, tau: np.ndarray, capacity: np.ndarray, eps
     session_of_row = torch.repeat_interleave(torch.arange(sessions, device=device), lengths)
     local_row = torch.arange(values.shape[0], device=device) - torch.as_tensor(batch.offsets[:-1], device=device)[
         session_of_row]
-    x = values.to(dtype)
-    x = x / torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    x = values.to(dtype) * sq_norms.to(dtype).rsqrt().unsqueeze(1)
     padded = torch.zeros(sessions, n_max, x.shape[1], dtype=dtype, device=device)
     padded[session_of_row, local_row] = x
 

@@ -62,8 +62,8 @@ def choose_path(lengths: np.ndarray, d: int) -> str:
     return "fused"
 
 
-def select_packed(batch: RaggedBatch, tau: np.ndarray, capacity: np.ndarray, eps: float,
-                  options: TritonOptions | None = None) -> PackedSelection:
+def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor, tau: np.ndarray,
+                  capacity: np.ndarray, eps: float, options: TritonOptions | None = None) -> PackedSelection:
     """Prepare the packed inputs the kernels share, run the chosen path, return packed results."""
     from ..kernels.greedy_fused import greedy_fused
     from ..kernels.greedy_stepwise import greedy_stepwise
@@ -73,12 +73,12 @@ def select_packed(batch: RaggedBatch, tau: np.ndarray, capacity: np.ndarray, eps
     path = options.path or choose_path(batch.lengths, batch.dim)
     if path not in PATHS:
         raise ValueError(f"unknown triton path {path!r}; choose one of {PATHS}")
-    x = batch.values
-    if x.dtype == torch.float64:
-        x = x.float()
+    x = values
+    if x.dtype == torch.float64 or (x.dtype == torch.bfloat16 and not x.is_cuda):
+        x = x.float()  # no fp64 kernels; Triton's CPU interpreter has no bf16 arithmetic
     x = x.contiguous()
     device = x.device
-    inv_norm = torch.linalg.vector_norm(x, dim=1, dtype=torch.float32).reciprocal()
+    inv_norm = sq_norms.to(torch.float32).rsqrt()
     offsets = torch.as_tensor(batch.offsets, device=device)
     protected_rows = np.flatnonzero(batch.protected)
     session_of = np.searchsorted(batch.offsets, protected_rows, side="right") - 1
