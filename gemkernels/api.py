@@ -137,7 +137,8 @@ def row_sq_norms(batch: RaggedBatch) -> Any:
         sq = torch.linalg.vector_norm(x, dim=1, dtype=acc) ** 2
     elif lib == NUMPY and hasattr(np, "vecdot"):
         x = x if x.dtype in (np.float32, np.float64) else x.astype(np.float32)
-        sq = np.vecdot(x, x)
+        with np.errstate(over="ignore", under="ignore"):
+            sq = np.vecdot(x, x)
     else:
         xp = array_module(lib)
         acc = xp.float64 if x.dtype == xp.float64 else xp.float32

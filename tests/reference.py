@@ -12,7 +12,14 @@ Nothing here imports gemkernels: the reference is the contract written out liter
 
 Floating-point ties are legitimately ambiguous, so every decision records how far it was
 from flipping (its *margin*), and `Reference.comparable` is the length of the index prefix
-that any correct implementation must reproduce. `replay` goes the other way: it takes an
+that any correct implementation must reproduce.
+
+Accuracy also depends on conditioning: a direction added from a row whose residual r is
+small is known only to about u/r in a working precision u (u/r^(1/2) for MGS, u/r for the
+Gram/Cholesky update), and every later residual inherits that error. ``pivot_slack`` widens
+every margin after such a pivot by ``pivot_slack / min_pivot`` (``min_pivot``: the smallest
+residual from which a direction was added so far), so ill-conditioned inputs do not turn
+rounding into false failures; `Reference.min_pivot` and `Replay.min_pivot` report it. `replay` goes the other way: it takes an
 implementation's answer and checks, in float64, that each of its decisions was a legal
 greedy decision within a tolerance, whatever the ties did.
 
@@ -117,18 +124,22 @@ class Reference:
     capacity: int                            # K_t = min(max(k, |P|), n)
     stop: str                                # "capacity" | "coverage" | "exhausted"
     directions: int                          # rank of the final basis
+    min_pivot: float                         # smallest residual from which a direction was added (1 if none)
     protected_gaps: list[float] = field(default_factory=list)   # |r_p - eps| per protected row
     steps: list[Step] = field(default_factory=list)
+    tau_gaps: list[float] = field(default_factory=list)          # |E(B) - tau| at every loop check
     comparable: int = 0                      # indices[:comparable] are unambiguous
     exact: bool = True                       # the whole list (its length too) and stop are unambiguous
 
 
 def reference_select(x, protected=None, eligible=None, tau: float = DEFAULT_TAU, k: int = DEFAULT_K,
                      eps: float = DEFAULT_EPS, margin: float = DEFAULT_MARGIN,
-                     eps_margin: float | None = None) -> Reference:
+                     eps_margin: float | None = None, pivot_slack: float = 0.0) -> Reference:
     """DESIGN.md §1 in float64, literally. ``margin`` bounds the tau and best-vs-second ties,
-    ``eps_margin`` (default: ``margin``) the residual-vs-eps ties."""
+    ``eps_margin`` (default: ``margin``) the residual-vs-eps ties; both grow by
+    ``pivot_slack / min_pivot`` after ill-conditioned pivots (module docstring)."""
     eps_margin = margin if eps_margin is None else eps_margin
+    min_pivot = 1.0
     xn = normalise_rows(x)
     n = xn.shape[0]
     p_mask = as_mask(protected, n, default=False)
@@ -143,22 +154,26 @@ def reference_select(x, protected=None, eligible=None, tau: float = DEFAULT_TAU,
         selected.append(p)
         r = residual(basis, xn[p])
         protected_gaps.append(abs(r - eps))
-        if abs(r - eps) < eps_margin:
+        if abs(r - eps) < eps_margin + pivot_slack / min_pivot:
             ambiguous_at.append(int(p_mask.sum()))  # the P prefix is fixed; what follows is not
         if r > eps:
             basis.append(mgs_direction(basis, xn[p]))
+            min_pivot = min(min_pivot, r)
 
     capacity = min(max(int(k), len(selected)), n)
     steps: list[Step] = []
+    tau_gaps: list[float] = []
     stop = None
     while True:
         position = len(selected)
         if position >= capacity:
             stop = STOP_CAPACITY
             break
+        slack = pivot_slack / min_pivot
         energy = coverage_of(basis, xn)
         tau_gap = abs(energy - tau)
-        if tau_gap < margin:
+        tau_gaps.append(tau_gap)
+        if tau_gap < margin + slack:
             ambiguous_at.append(position)
         if not energy < tau:
             stop = STOP_COVERAGE
@@ -179,13 +194,16 @@ def reference_select(x, protected=None, eligible=None, tau: float = DEFAULT_TAU,
         second_gap = res[best] - max(others) if others else np.inf
         eps_gap = abs(res[best] - eps)
         steps.append(Step(position, energy, tau_gap, best, res[best], second_gap, eps_gap))
-        if second_gap < margin or eps_gap < eps_margin:
+        # With an empty basis every residual is exactly 1 by definition (not by rounding): the
+        # first pick is the lowest eligible index, a tie the contract resolves, not a float tie.
+        if (second_gap < margin + slack and basis) or eps_gap < eps_margin + slack:
             ambiguous_at.append(position)
         if res[best] <= eps:
             stop = STOP_EXHAUSTED
             break
         selected.append(best)
         basis.append(mgs_direction(basis, xn[best]))
+        min_pivot = min(min_pivot, res[best])
 
     comparable = min(ambiguous_at) if ambiguous_at else len(selected)
     return Reference(
@@ -196,8 +214,10 @@ def reference_select(x, protected=None, eligible=None, tau: float = DEFAULT_TAU,
         capacity=capacity,
         stop=stop,
         directions=len(basis),
+        min_pivot=min_pivot,
         protected_gaps=protected_gaps,
         steps=steps,
+        tau_gaps=tau_gaps,
         comparable=min(comparable, len(selected)),
         exact=not ambiguous_at,
     )
@@ -211,17 +231,19 @@ class Replay:
     coverage: float          # E of the replayed selection, float64
     residuals: np.ndarray    # final residuals of the replayed selection, float64
     directions: int
+    min_pivot: float         # smallest residual from which a direction was added (1 if none)
     violations: list[str]    # empty when every decision was legal within tol
 
 
 def replay(x, indices, protected=None, eligible=None, tau: float = DEFAULT_TAU, k: int = DEFAULT_K,
-           eps: float = DEFAULT_EPS, tol: float = DEFAULT_MARGIN, eps_tol: float | None = None) -> Replay:
+           eps: float = DEFAULT_EPS, tol: float = DEFAULT_MARGIN, eps_tol: float | None = None,
+           pivot_slack: float = 0.0) -> Replay:
     """Check that ``indices`` (an implementation's answer) is a legal greedy run of §1 in float64.
 
     Each completion pick must be eligible, new, and within ``tol`` of the best residual and
     above ``eps - eps_tol``; the loop must have been allowed to continue (|B| < K_t, E < tau + tol);
     and it must have been allowed to stop (|B| = K_t, E >= tau - tol, or no eligible row with
-    residual above eps + eps_tol).
+    residual above eps + eps_tol). Both tolerances grow by ``pivot_slack / min_pivot``.
     """
     eps_tol = tol if eps_tol is None else eps_tol
     xn = normalise_rows(x)
@@ -240,18 +262,22 @@ def replay(x, indices, protected=None, eligible=None, tau: float = DEFAULT_TAU, 
     if len(indices) > capacity:
         violations.append(f"{len(indices)} indices exceed K_t = {capacity}")
     if any(i < 0 or i >= n for i in indices):
-        return Replay(np.nan, np.full(n, np.nan), 0, violations + [f"index out of range in {indices}"])
+        return Replay(np.nan, np.full(n, np.nan), 0, np.nan, violations + [f"index out of range in {indices}"])
 
     basis: list[np.ndarray] = []
+    min_pivot = 1.0
     for p in indices[:len(protected_sorted)]:
-        if residual(basis, xn[p]) > eps:
+        r = residual(basis, xn[p])
+        if r > eps:
             basis.append(mgs_direction(basis, xn[p]))
+            min_pivot = min(min_pivot, r)
 
     chosen = set(indices[:len(protected_sorted)])
     for position in range(len(protected_sorted), len(indices)):
         i = indices[position]
+        slack = pivot_slack / min_pivot
         energy = coverage_of(basis, xn)
-        if energy >= tau + tol:
+        if energy >= tau + tol + slack:
             violations.append(f"position {position}: continued although E={energy:.6f} >= tau={tau}")
         if not e_mask[i]:
             violations.append(f"position {position}: row {i} is not eligible")
@@ -261,23 +287,28 @@ def replay(x, indices, protected=None, eligible=None, tau: float = DEFAULT_TAU, 
         r_all = all_residuals(basis, xn)
         best = max((float(r_all[j]) for j in candidates), default=-np.inf)
         r = float(r_all[i])
-        if r < best - tol:
+        if r < best - tol - slack:
             violations.append(f"position {position}: row {i} has residual {r:.6f}, best is {best:.6f}")
-        if r <= eps - eps_tol:
+        if not basis and candidates and i != min(candidates):
+            violations.append(f"position {position}: with an empty basis every residual is exactly 1, "
+                              f"so the lowest eligible row {min(candidates)} wins the tie, not {i}")
+        if r <= eps - eps_tol - slack:
             violations.append(f"position {position}: row {i} has residual {r:.3g} <= eps")
         chosen.add(i)
         if r > eps:
             basis.append(mgs_direction(basis, xn[i]))
+            min_pivot = min(min_pivot, r)
 
+    slack = pivot_slack / min_pivot
     energy = coverage_of(basis, xn)
-    if len(indices) < capacity and energy < tau - tol:
+    if len(indices) < capacity and energy < tau - tol - slack:
         candidates = [j for j in range(n) if e_mask[j] and j not in chosen]
         r_all = all_residuals(basis, xn)
         best = max((float(r_all[j]) for j in candidates), default=-np.inf)
-        if best > eps + eps_tol:
+        if best > eps + eps_tol + slack:
             violations.append(f"stopped at {len(indices)} < K_t={capacity} with E={energy:.6f} < tau={tau} "
                               f"and a candidate of residual {best:.6f} left")
-    return Replay(energy, all_residuals(basis, xn), len(basis), violations)
+    return Replay(energy, all_residuals(basis, xn), len(basis), min_pivot, violations)
 
 
 def expected_stop(count: int, capacity: int, coverage: float, tau: float) -> str:
