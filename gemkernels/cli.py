@@ -1,95 +1,134 @@
-"""``gem``: the command line.
+"""``gem``: the command line (also ``python -m gemkernels``).
 
-``gem select FILE``: split a chat history into interaction blocks, embed them, protect the
-most recent ones and show which blocks GEM's residual selection keeps.
+``gem compress FILE|-``: run GEM on a chat request, a messages list or a recorded agent run
+(cut at ``--step N``), print what it kept and why, and write the forwarded request with ``-o``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .api import DEFAULT_K, DEFAULT_TAU, select
-from .arrays import to_numpy
-from .blocks import BlockStructureError, parse_history
-from .encoders import make_encoder
-from .representation import block_text
+from .config import PRESETS
+from .gem import GEM, CompressionStats
+from .loaders import checkpoints, read_runs
 
 
-def load_messages(path: Path) -> list[dict[str, Any]]:
-    """A JSON file holding an OpenAI ``messages`` list, or an object with a ``messages`` key."""
-    data = json.loads(path.read_text())
-    messages = data.get("messages") if isinstance(data, dict) else data
-    if not isinstance(messages, list):
-        raise ValueError(f"{path}: expected a list of messages or an object with 'messages'")
-    return messages
+def read_request(source: str, run_name: str | None) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None]:
+    """(request object or None, messages, recorded goal) from a file, a recorded run, or ``-`` (stdin)."""
+    if source == "-":
+        data = json.load(sys.stdin)
+    else:
+        data = json.loads(Path(source).read_text()) if source.endswith(".json") else None
+    if isinstance(data, dict) and isinstance(data.get("messages"), list) and "model" in data:
+        return data, data["messages"], None
+    if source == "-":
+        raise ValueError("stdin must hold a chat request object with 'model' and 'messages'")
+    plain = isinstance(data, list) and all(isinstance(m, dict) and "role" in m for m in data)
+    if plain or (isinstance(data, dict) and isinstance(data.get("messages"), list)
+                 and "trajectory_format" not in data):
+        return None, data if plain else data["messages"], None  # forwarded as given, even if invalid
+    runs = read_runs(source)
+    if run_name is not None:
+        runs = [run for run in runs if run.name == run_name]
+        if not runs:
+            raise ValueError(f"{source} holds no run named {run_name!r}")
+    if len(runs) > 1:
+        names = ", ".join(run.name for run in runs[:5])
+        raise ValueError(f"{source} holds {len(runs)} runs; pick one with --run (e.g. {names})")
+    return None, runs[0].messages, runs[0].goal
 
 
-def run_select(args: argparse.Namespace) -> int:
-    messages = load_messages(args.file)
+def summary(stats: CompressionStats, labels: dict[int, str]) -> str:
+    """A readable account of one compression."""
+    lines = [f"{stats.action}: {stats.reason}"]
+    if stats.blocks:
+        lines.append(f"blocks: {stats.blocks}, forwarded {stats.forwarded_blocks}, removed {len(stats.removed_blocks)}")
+    for rule, picks in stats.protected.items():
+        if picks:
+            lines.append(f"  protected by {rule}: {picks}")
+    if stats.core:
+        lines.append(f"  selected core ({len(stats.core)}, coverage {stats.coverage:.3f}): {stats.core}")
+    if stats.removed_blocks:
+        lines.append(f"  removed: {stats.removed_blocks}")
+    if stats.chars_before:
+        saved = 1 - stats.chars_after / stats.chars_before
+        lines.append(f"characters: {stats.chars_before} -> {stats.chars_after} ({saved:.1%} saved)")
+    if stats.tokens_before:
+        saved = 1 - stats.tokens_after / stats.tokens_before
+        lines.append(f"tokens (o200k): {stats.tokens_before} -> {stats.tokens_after} ({saved:.1%} saved)")
+    lines.append("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in stats.seconds.items()))
+    lines += [f"  block {b}: {label}" for b, label in sorted(labels.items())]
+    return "\n".join(lines)
+
+
+def block_labels(stats: CompressionStats) -> dict[int, str]:
+    """Why each block was kept or dropped."""
+    rules: dict[int, list[str]] = {}
+    for rule, picks in stats.protected.items():
+        for b in picks:
+            rules.setdefault(b, []).append(rule)
+    core, removed = set(stats.core), set(stats.removed_blocks)
+    labels = {}
+    for b in range(stats.blocks if stats.action in ("reselected", "appended") else 0):
+        why = rules.get(b, []) + (["core"] if b in core and b not in rules else [])
+        if b in removed:
+            labels[b] = "removed"
+        else:
+            labels[b] = f"kept ({', '.join(why)})" if why else "kept (outside the core, within the guard's budget)"
+    return labels
+
+
+def run_compress(args: argparse.Namespace) -> int:
     try:
-        blocks = parse_history(messages).blocks
-    except BlockStructureError as err:
-        print(f"{args.file}: history forwarded unchanged: {err}", file=sys.stderr)
-        return 1
-    if not blocks:
-        print(f"{args.file}: no tool-call blocks to select from", file=sys.stderr)
-        return 1
-    texts = [block_text(block) for block in blocks]
-    started = time.perf_counter()
-    encoder = make_encoder(args.encoder)
-    embeddings = encoder.encode(texts)
-    encoded = time.perf_counter()
-    recent = list(range(max(0, len(blocks) - args.recent), len(blocks)))
-    sel = select(embeddings, protected=recent, tau=args.tau, k=args.k, backend=args.backend)
-    selected = time.perf_counter()
-
-    indices = to_numpy(sel.indices).tolist()
-    residuals = to_numpy(sel.residuals)
-    sizes = [sum(len(json.dumps(messages[p])) for p in block.positions) for block in blocks]
-    kept_chars = sum(sizes[i] for i in indices)
-    summary = {
-        "file": str(args.file), "encoder": encoder.name, "blocks": len(blocks), "kept": len(indices),
-        "protected": sel.num_protected, "coverage": round(sel.coverage, 4), "stop": sel.stop,
-        "block_chars": sum(sizes), "kept_chars": kept_chars,
-        "encode_s": round(encoded - started, 3), "select_s": round(selected - encoded, 4),
-        "selection_order": indices,
-    }
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    print(f"{len(blocks)} blocks in {args.file} ({encoder.name}, {embeddings.shape[1]}-d, "
-          f"encoded in {summary['encode_s']} s)")
-    print("| block | message | chars | kept | why | residual after |")
-    print("|---:|---:|---:|---:|---|---:|")
-    rank = {i: r for r, i in enumerate(indices)}
-    for i, block in enumerate(blocks):
-        why = "recent" if i in recent else ("residual" if i in rank else "")
-        kept = str(rank[i] + 1) if i in rank else ""
-        print(f"| {i} | {block.start} | {sizes[i]} | {kept} | {why} | {residuals[i]:.3f} |")
-    print(f"kept {len(indices)}/{len(blocks)} blocks ({kept_chars}/{sum(sizes)} chars of blocks), "
-          f"coverage E = {sel.coverage:.3f}, stopped on {sel.stop} (tau = {args.tau}, k = {args.k})")
+        request, messages, recorded_goal = read_request(args.source, args.run)
+    except (OSError, ValueError) as err:
+        print(f"gem compress: {err}", file=sys.stderr)
+        return 2
+    if args.step is not None:
+        starts = checkpoints(messages)
+        if not 0 <= args.step < len(starts):
+            print(f"gem compress: --step must lie in [0, {len(starts) - 1}] for this run", file=sys.stderr)
+            return 2
+        messages = messages[:starts[args.step]]
+    gem = GEM(args.preset, encoder=args.encoder)
+    result = gem.compress(messages, session_id=args.session, goal=args.goal or recorded_goal)
+    print(summary(result.stats, block_labels(result.stats) if args.verbose else {}), file=sys.stderr)
+    if args.output:
+        forwarded = {**request, "messages": result.messages} if request is not None else result.messages
+        text = json.dumps(forwarded, ensure_ascii=False, indent=1)
+        if args.output == "-":
+            print(text)
+        else:
+            Path(args.output).write_text(text)
+    if args.stats:
+        Path(args.stats).write_text(json.dumps(result.stats.to_dict(), indent=1))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gem", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    sel = commands.add_parser("select", help="show which blocks of a chat history GEM's selection keeps")
-    sel.add_argument("file", type=Path, help="JSON: OpenAI messages, or an object with 'messages'")
-    sel.add_argument("--encoder", default="minilm", help="minilm (default), hash or hash-<dim>")
-    sel.add_argument("--k", type=int, default=DEFAULT_K, help="core capacity K (default %(default)s)")
-    sel.add_argument("--tau", type=float, default=DEFAULT_TAU, help="coverage target (default %(default)s)")
-    sel.add_argument("--recent", type=int, default=4, help="most recent blocks to protect (default %(default)s)")
-    sel.add_argument("--backend", default="auto", help="auto, numpy, torch or triton")
-    sel.add_argument("--json", action="store_true", help="print one JSON summary instead of a table")
+    comp = commands.add_parser("compress", help="compress a chat request or a recorded run")
+    comp.add_argument("source", help="request/messages JSON, a recorded run (mini-swe-agent, SWE-agent, "
+                                     "tau-bench, OpenAI JSON/JSONL), or - for a request on stdin")
+    comp.add_argument("--encoder", default="minilm", help="minilm (default, offline), hash or hash-<dim>")
+    comp.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="default %(default)s")
+    comp.add_argument("--step", type=int, help="cut a recorded run before its N-th assistant action")
+    comp.add_argument("--run", help="which run of a multi-run file (tau-bench)")
+    comp.add_argument("--session", help="session id (default: derived from the prefix)")
+    comp.add_argument("--goal", help="the current task (default: the latest user instruction)")
+    comp.add_argument("-o", "--output", help="write the forwarded request or messages here (- for stdout)")
+    comp.add_argument("--stats", help="write the stats as JSON here")
+    comp.add_argument("-v", "--verbose", action="store_true", help="list every block with why it was kept")
     args = parser.parse_args(argv)
-    return run_select(args)
+    logging.basicConfig(level=logging.ERROR)
+    return run_compress(args)
 
 
 if __name__ == "__main__":

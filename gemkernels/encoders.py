@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
@@ -92,7 +93,8 @@ class MiniLMEncoder:
                 pieces.append(window)
                 owner.append(row)
         embedded = self.model.encode(pieces, batch_size=self.batch_size, normalize_embeddings=True,
-                                     convert_to_numpy=True, show_progress_bar=False)
+                                     convert_to_numpy=True,
+                                     show_progress_bar=len(pieces) > 2 * self.batch_size and sys.stderr.isatty())
         sums = np.zeros((len(texts), embedded.shape[1]), dtype=np.float64)
         np.add.at(sums, np.asarray(owner), embedded)
         return normalise_rows(sums)

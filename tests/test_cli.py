@@ -1,33 +1,56 @@
-"""``gem select`` end to end on the bundled example (hash encoder: fast, deterministic)."""
+"""``gem compress`` end to end on the bundled example and recorded runs (hash encoder: fast, deterministic)."""
 
 import json
 from pathlib import Path
 
+from gemkernels.blocks import parse_history
 from gemkernels.cli import main
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "django-11276.json"
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
-def test_select_protects_recent_blocks_then_completes(capsys):
-    assert main(["select", str(EXAMPLE), "--encoder", "hash", "--json", "--k", "10", "--tau", "0.99"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["blocks"] == 32 and out["protected"] == 4
-    assert out["selection_order"][:4] == [28, 29, 30, 31]
-    assert out["kept"] == len(out["selection_order"]) == 10 and out["stop"] == "capacity"
-    assert len(set(out["selection_order"])) == 10
-    assert 0 < out["kept_chars"] < out["block_chars"]
+def test_compress_writes_a_valid_shorter_history(tmp_path, capsys):
+    out, stats = tmp_path / "out.json", tmp_path / "stats.json"
+    code = main(["compress", str(EXAMPLE), "--encoder", "hash", "--preset", "core", "-v", "-o", str(out),
+                 "--stats", str(stats)])
+    assert code == 0
+    forwarded = json.loads(out.read_text())
+    original = json.loads(EXAMPLE.read_text())["messages"]
+    assert len(parse_history(forwarded).blocks) < 32 and forwarded[:2] == original[:2]
+    recorded = json.loads(stats.read_text())
+    assert recorded["action"] == "reselected" and recorded["chars_after"] < recorded["chars_before"]
+    err = capsys.readouterr().err
+    assert "protected by recent: [31, 30, 29, 28]" in err and err.count("block ") >= 32
 
 
-def test_select_table_marks_kept_blocks(capsys):
-    assert main(["select", str(EXAMPLE), "--encoder", "hash"]) == 0
-    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "recent" in line]
-    assert len(table) == 4
+def test_request_on_stdin_keeps_its_other_fields(monkeypatch, capsys):
+    messages = json.loads(EXAMPLE.read_text())["messages"]
+    request = {"model": "m", "temperature": 0.2, "tools": [{"type": "function"}], "messages": messages}
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(json.dumps(request)))
+    assert main(["compress", "-", "--encoder", "hash", "-o", "-"]) == 0
+    forwarded = json.loads(capsys.readouterr().out)
+    assert {k: v for k, v in forwarded.items() if k != "messages"} == {k: v for k, v in request.items()
+                                                                        if k != "messages"}
 
 
-def test_invalid_history_is_reported_not_selected(tmp_path, capsys):
+def test_step_cuts_a_recorded_run(capsys):
+    assert main(["compress", str(FIXTURES / "mini_swe_agent.traj.json"), "--encoder", "hash", "--step", "1"]) == 0
+    assert "unchanged" in capsys.readouterr().err
+
+
+def test_bad_inputs_exit_2_with_a_message(tmp_path, capsys):
+    assert main(["compress", str(tmp_path / "missing.json"), "--encoder", "hash"]) == 2
+    assert main(["compress", str(FIXTURES / "mini_swe_agent.traj.json"), "--encoder", "hash", "--step", "999"]) == 2
+    assert "--step must lie" in capsys.readouterr().err
+
+
+def test_invalid_history_is_forwarded_unchanged(tmp_path, capsys):
     messages = json.loads(EXAMPLE.read_text())["messages"]
     messages[3]["tool_call_id"] = "nope"
-    path = tmp_path / "broken.json"
+    path, out = tmp_path / "broken.json", tmp_path / "out.json"
     path.write_text(json.dumps(messages))
-    assert main(["select", str(path), "--encoder", "hash"]) == 1
-    assert "forwarded unchanged" in capsys.readouterr().err
+    assert main(["compress", str(path), "--encoder", "hash", "-o", str(out)]) == 0
+    assert json.loads(out.read_text()) == messages
+    assert "passthrough: invalid structure" in capsys.readouterr().err

@@ -1,0 +1,193 @@
+"""`GEM.compress`: invariants on synthetic and bundled histories, the online policy, and passthrough on bad input."""
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemkernels import GEM, GEMConfig
+from gemkernels.blocks import parse_history
+from gemkernels.encoders import HashEncoder
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
+TOPICS = ["models.py migration", "views.py template render", "urls.py routing", "tests failing assertion",
+          "settings database config", "forms.py validation", "admin.py registration", "docs build sphinx"]
+
+
+def synthetic_history(num_blocks: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    messages = [{"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "Fix the failing migration test in models.py"}]
+    for b in range(num_blocks):
+        topic = TOPICS[int(rng.integers(len(TOPICS)))]
+        words = " ".join(f"w{int(v)}" for v in rng.integers(0, 400, size=int(rng.integers(5, 300))))
+        call_id = f"call_{b}"
+        messages.append({"role": "assistant", "content": f"Inspect {topic} step {b}",
+                         "tool_calls": [{"id": call_id, "type": "function",
+                                         "function": {"name": "bash",
+                                                      "arguments": json.dumps({"command": f"grep -n {topic}"})}}]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": f"{topic}\n{words}"})
+    return messages
+
+
+def make_gem(config="paper", **kw) -> GEM:
+    return GEM(config, encoder=HashEncoder(64), token_counter=None, **kw)
+
+
+def assert_valid_sublist(out, messages):
+    """Order-preserving sub-list of the caller's own objects, still a valid history."""
+    ids = [id(m) for m in messages]
+    positions = [ids.index(id(m)) for m in out]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    parse_history(out)
+    return positions
+
+
+def test_short_history_comes_back_identical():
+    messages = synthetic_history(15)
+    result = make_gem().compress(messages)
+    assert result.messages is messages and result.stats.action == "unchanged"
+
+
+@pytest.mark.parametrize("preset", ["paper", "balanced", "core"])
+@pytest.mark.parametrize("num_blocks", [16, 40, 120])
+def test_first_rewrite_invariants(preset, num_blocks):
+    messages = synthetic_history(num_blocks, seed=num_blocks)
+    before = copy.deepcopy(messages)
+    gem = make_gem(preset)
+    result = gem.compress(messages, session_id="s")
+    stats = result.stats
+    assert messages == before  # caller's objects untouched
+    positions = assert_valid_sublist(result.messages, messages)
+    assert positions[:2] == [0, 1]  # prefix kept
+    blocks = parse_history(messages).blocks
+    kept = set(positions)
+    for block in blocks[-4:]:
+        assert set(block.positions) <= kept  # recent evidence
+    for b in stats.core:
+        assert set(blocks[b].positions) <= kept  # the selected core is never removed
+    total = len(json.dumps(messages))
+    assert stats.chars_before == total and stats.chars_after == len(json.dumps(result.messages))
+    assert stats.chars_after >= (1 - gem.config.delta) * total
+    assert stats.action == "reselected" and sorted(stats.protected["recent"]) == list(range(num_blocks - 4, num_blocks))
+    assert len(stats.removed_blocks) + stats.forwarded_blocks == num_blocks
+
+
+def test_deeper_presets_remove_more():
+    messages = synthetic_history(80, seed=3)
+    after = {p: make_gem(p).compress(messages).stats.chars_after for p in ("paper", "balanced", "core")}
+    assert after["paper"] > after["balanced"] > after["core"]
+
+
+def test_append_keeps_saved_set_and_adds_new_blocks():
+    gem = make_gem("core")
+    full = synthetic_history(60, seed=7)
+    first = gem.compress(full[:2 + 2 * 50], session_id="a")
+    removed = set(first.stats.removed_blocks)
+    assert removed
+    second = gem.compress(full, session_id="a")
+    assert second.stats.action == "appended" and second.stats.encoded_blocks == 10
+    assert set(second.stats.removed_blocks) <= removed
+    blocks = parse_history(full).blocks
+    kept = set(assert_valid_sublist(second.messages, full))
+    for b in range(50, 60):
+        assert set(blocks[b].positions) <= kept
+    newly_protected = {b for picks in second.stats.protected.values() for b in picks}
+    assert removed - set(second.stats.removed_blocks) <= newly_protected
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda h: h[:1] + [{"role": "user", "content": "Now refactor the admin site"}] + h[2:], "goal changed"),
+    (lambda h: h[:2] + h[4:], "not an extension"),
+])
+def test_reselection_triggers(change, reason):
+    gem = make_gem()
+    messages = synthetic_history(40, seed=11)
+    gem.compress(messages, session_id="b")
+    again = gem.compress(change(messages) + synthetic_history(41, seed=11)[-2:], session_id="b")
+    assert again.stats.action == "reselected" and reason in again.stats.reason
+
+
+def test_reselect_every_n_blocks():
+    gem = make_gem(GEMConfig(reselect_every=5))
+    full = synthetic_history(30, seed=5)
+    assert gem.compress(full[:2 + 2 * 20], session_id="c").stats.action == "reselected"
+    assert gem.compress(full[:2 + 2 * 24], session_id="c").stats.action == "appended"
+    assert gem.compress(full, session_id="c").stats.action == "reselected"
+
+
+def test_sessions_without_id_are_told_apart_by_prefix():
+    gem = make_gem()
+    a, b = synthetic_history(20, seed=1), synthetic_history(20, seed=1)
+    b[1] = {"role": "user", "content": "A different task entirely"}
+    sa, sb = gem.compress(a).stats.session_id, gem.compress(b).stats.session_id
+    assert sa != sb and sa.startswith("prefix-")
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda h: h.pop(3), "invalid structure"),
+    (lambda h: h.__setitem__(5, {**h[5], "tool_call_id": "call_0"}), "invalid structure"),
+    (lambda h: h.append({"role": "tool", "tool_call_id": "orphan", "content": "x"}), "invalid structure"),
+    (lambda h: h.__setitem__(5, {**h[5], "content": b"raw bytes"}), "not JSON serializable"),
+])
+def test_malformed_requests_pass_through_unchanged(mutate, reason):
+    messages = synthetic_history(30)
+    mutate(messages)
+    before = copy.deepcopy(messages)
+    result = make_gem().compress(messages)
+    assert result.messages is messages and messages == before
+    assert result.stats.action == "passthrough" and reason in result.stats.reason
+
+
+@pytest.mark.parametrize("not_a_history", [None, "hello", {"role": "user"}, [1, 2], [{"content": "no role"}]])
+def test_non_lists_pass_through(not_a_history):
+    result = make_gem().compress(not_a_history)
+    assert result.messages is not_a_history and result.stats.action == "passthrough"
+
+
+def test_none_content_and_image_parts_are_handled():
+    messages = synthetic_history(20)
+    messages[2] = {**messages[2], "content": None}
+    messages[1] = {"role": "user", "content": [{"type": "text", "text": "fix it"},
+                                              {"type": "image_url", "image_url": {"url": "data:,"}}]}
+    result = make_gem().compress(messages)
+    assert result.stats.action == "reselected"
+    assert_valid_sublist(result.messages, messages)
+
+
+class BrokenEncoder:
+    name, dim = "broken", 8
+
+    def __init__(self, output):
+        self.output = output
+
+    def encode(self, texts):
+        if isinstance(self.output, Exception):
+            raise self.output
+        return np.full((len(texts), self.dim), self.output, dtype=np.float32)
+
+
+@pytest.mark.parametrize("output, reason", [
+    (RuntimeError("embedding server down"), "embedding server down"),
+    (np.nan, "unusable embeddings"),
+])
+def test_encoder_failure_forwards_original(output, reason, caplog):
+    messages = synthetic_history(30)
+    result = GEM("paper", encoder=BrokenEncoder(output), token_counter=None).compress(messages)
+    assert result.messages is messages and reason in result.stats.reason
+    assert "forwarding" in caplog.text
+
+
+def test_token_counts_shrink_with_the_request():
+    gem = GEM("core", encoder=HashEncoder(64), token_counter=lambda text: len(text.split()))
+    stats = gem.compress(synthetic_history(40)).stats
+    assert stats.tokens_before > stats.tokens_after > 0
+
+
+def test_bundled_example_compresses_with_evidence():
+    messages = json.loads(EXAMPLE.read_text())["messages"]
+    result = make_gem("balanced").compress(messages)
+    assert result.stats.action == "reselected" and result.stats.removed_blocks
+    assert_valid_sublist(result.messages, messages)
