@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 OPENAI, ANTHROPIC = "openai", "anthropic"
@@ -30,15 +31,11 @@ class Action:
 
 
 @dataclass(frozen=True)
-class Block:
-    """One removable block: message positions (assistant first) and its normalised content."""
+class Span:
+    """Where one removable block sits: its message positions (assistant first) and its tool-call ids."""
 
     positions: tuple[int, ...]
     call_ids: tuple[str, ...]
-    reasoning: str
-    text: str
-    actions: tuple[Action, ...]
-    observations: tuple[str, ...]
 
     @property
     def start(self) -> int:
@@ -51,20 +48,43 @@ class Block:
 
 
 @dataclass(frozen=True)
+class Block(Span):
+    """One removable block with its normalised content."""
+
+    reasoning: str
+    text: str
+    actions: tuple[Action, ...]
+    observations: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class History:
-    """A parsed request: the caller's messages, their format, and the removable blocks in order."""
+    """A parsed request: the caller's messages, their format, and where the removable blocks are.
+
+    Parsing only matches ids (cheap, every call); a block's content is read on demand by `block`.
+    """
 
     messages: Sequence[dict[str, Any]]
     format: str
-    blocks: tuple[Block, ...]
+    spans: tuple[Span, ...]
 
     @property
     def prefix_end(self) -> int:
         """Messages before the first block (system prompt, task) form the prefix."""
-        return self.blocks[0].start if self.blocks else len(self.messages)
+        return self.spans[0].start if self.spans else len(self.messages)
 
-    def block_positions(self) -> set[int]:
-        return {p for block in self.blocks for p in block.positions}
+    @cached_property
+    def block_positions(self) -> frozenset[int]:
+        return frozenset(p for span in self.spans for p in span.positions)
+
+    @cached_property
+    def blocks(self) -> tuple[Block, ...]:
+        return tuple(self.block(i) for i in range(len(self.spans)))
+
+    def block(self, i: int) -> Block:
+        """Block ``i`` with its content read from the messages."""
+        read = openai_block if self.format == OPENAI else anthropic_block
+        return read(self.messages, self.spans[i])
 
     def task_text(self) -> str:
         """The latest user instruction that is not a tool result ('' if none)."""
@@ -120,77 +140,84 @@ def parse_history(messages: Any, format: str = "auto") -> History:
     if not isinstance(messages, (list, tuple)):
         raise BlockStructureError(f"messages must be a list, got {type(messages).__name__}")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise BlockStructureError(f"message {i} is {type(message).__name__}, not an object")
-        if not isinstance(message.get("role"), str):
-            raise BlockStructureError(f"message {i} has no role")
+        if type(message) is not dict or type(message.get("role")) is not str:
+            if isinstance(message, dict) and isinstance(message.get("role"), str):
+                continue
+            what = "has no role" if isinstance(message, dict) else f"is {type(message).__name__}, not an object"
+            raise BlockStructureError(f"message {i} {what}")
     fmt = detect_format(messages) if format == "auto" else format
     if fmt == OPENAI:
-        blocks = openai_blocks(messages)
+        spans = openai_spans(messages)
     elif fmt == ANTHROPIC:
-        blocks = anthropic_blocks(messages)
+        spans = anthropic_spans(messages)
     else:
         raise ValueError(f"unknown message format {format!r}; choose auto, openai or anthropic")
-    return History(messages, fmt, tuple(blocks))
+    return History(messages, fmt, tuple(spans))
 
 
-def openai_blocks(messages: Sequence[dict[str, Any]]) -> list[Block]:
+def openai_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
+    """Assistant messages with ``tool_calls`` and the ``tool`` messages answering them, ids unique and matched."""
     owner: dict[str, int] = {}
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        calls = message.get("tool_calls") or []
-        if not isinstance(calls, list):
-            raise BlockStructureError(f"message {i} has tool_calls that are not a list")
-        for call in calls:
-            call_id = call.get("id") if isinstance(call, dict) else None
-            if not isinstance(call_id, str) or not call_id:
-                raise BlockStructureError(f"message {i} has a tool call without an id")
-            if call_id in owner:
-                raise BlockStructureError(f"tool call id {call_id!r} is used twice (messages {owner[call_id]} and {i})")
-            owner[call_id] = i
-
-    results: dict[int, list[int]] = {i: [] for i in set(owner.values())}
+    spans: dict[int, tuple[list[int], tuple[str, ...]]] = {}
+    early: list[tuple[int, Any]] = []
     answered: set[str] = set()
     for i, message in enumerate(messages):
-        if message["role"] != "tool":
-            continue
-        call_id = message.get("tool_call_id")
-        if call_id not in owner:
-            raise BlockStructureError(f"tool message {i} answers unknown call id {call_id!r}")
-        if call_id in answered:
-            raise BlockStructureError(f"tool call id {call_id!r} is answered twice")
-        if i < owner[call_id]:
+        role = message["role"]
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            start = owner.get(call_id)
+            if start is None:
+                early.append((i, call_id))
+            elif call_id in answered:
+                raise BlockStructureError(f"tool call id {call_id!r} is answered twice")
+            else:
+                answered.add(call_id)
+                spans[start][0].append(i)
+        elif role == "assistant":
+            calls = message.get("tool_calls")
+            if not calls:
+                continue
+            if not isinstance(calls, list):
+                raise BlockStructureError(f"message {i} has tool_calls that are not a list")
+            ids = tuple([call.get("id") if isinstance(call, dict) else None for call in calls])
+            for call_id in ids:
+                if not isinstance(call_id, str) or not call_id:
+                    raise BlockStructureError(f"message {i} has a tool call without an id")
+                if call_id in owner:
+                    raise BlockStructureError(f"tool call id {call_id!r} is used twice (messages {owner[call_id]} "
+                                              f"and {i})")
+                owner[call_id] = i
+            spans[i] = ([i], ids)
+    for i, call_id in early:
+        if call_id in owner:
             raise BlockStructureError(f"tool message {i} comes before its call (message {owner[call_id]})")
-        answered.add(call_id)
-        results[owner[call_id]].append(i)
-    missing = sorted(set(owner) - answered, key=owner.get)
-    if missing:
-        raise BlockStructureError(f"tool call {missing[0]!r} (message {owner[missing[0]]}) has no result")
-
-    blocks = []
-    for start in sorted(results):
-        assistant = messages[start]
-        calls = assistant["tool_calls"]
-        actions = []
-        for call in calls:
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
-            arguments = function.get("arguments", "")
-            actions.append(Action(str(function.get("name", "")),
-                                  arguments if isinstance(arguments, str) else json.dumps(arguments)))
-        blocks.append(Block(
-            positions=(start, *results[start]),
-            call_ids=tuple(call["id"] for call in calls),
-            reasoning=content_text(assistant.get("reasoning_content") or assistant.get("reasoning")),
-            text=content_text(assistant.get("content")),
-            actions=tuple(actions),
-            observations=tuple(content_text(messages[p].get("content")) for p in results[start]),
-        ))
-    return blocks
+        raise BlockStructureError(f"tool message {i} answers unknown call id {call_id!r}")
+    if len(answered) != len(owner):
+        missing = min(set(owner) - answered, key=owner.get)
+        raise BlockStructureError(f"tool call {missing!r} (message {owner[missing]}) has no result")
+    return [Span(tuple(positions), ids) for positions, ids in spans.values()]
 
 
-def anthropic_blocks(messages: Sequence[dict[str, Any]]) -> list[Block]:
-    blocks = []
+def openai_block(messages: Sequence[dict[str, Any]], span: Span) -> Block:
+    """Content of an OpenAI block: reasoning, text, function calls and tool results."""
+    assistant = messages[span.start]
+    actions = []
+    for call in assistant["tool_calls"]:
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        arguments = function.get("arguments", "")
+        actions.append(Action(str(function.get("name", "")),
+                              arguments if isinstance(arguments, str) else json.dumps(arguments)))
+    return Block(span.positions, span.call_ids,
+                 reasoning=content_text(assistant.get("reasoning_content") or assistant.get("reasoning")),
+                 text=content_text(assistant.get("content")), actions=tuple(actions),
+                 observations=tuple(content_text(messages[p].get("content")) for p in span.positions[1:]))
+
+
+def anthropic_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
+    """Assistant ``tool_use`` messages answered exactly by the next user message's ``tool_result`` parts.
+
+    A block whose answering message also carries other parts is valid but not removable."""
+    spans = []
     seen: set[str] = set()
     i = 0
     while i < len(messages):
@@ -215,17 +242,20 @@ def anthropic_blocks(messages: Sequence[dict[str, Any]]) -> list[Block]:
         if sorted(answered) != sorted(ids):
             raise BlockStructureError(f"the tool_use ids of message {i} are not answered exactly by message {i + 1}")
         if all(p.get("type") == "tool_result" for p in answer_parts):
-            blocks.append(Block(
-                positions=(i, i + 1),
-                call_ids=tuple(ids),
-                reasoning="\n".join(p.get("thinking", "") for p in parts(message) if p.get("type") == "thinking"),
-                text="\n".join(p.get("text", "") for p in parts(message) if p.get("type") == "text"),
-                actions=tuple(Action(str(p.get("name", "")), json.dumps(p.get("input", {}), ensure_ascii=False))
-                              for p in uses),
-                observations=tuple(content_text(p.get("content")) for p in answer_parts),
-            ))
+            spans.append(Span((i, i + 1), tuple(ids)))
         i += 2
-    return blocks
+    return spans
+
+
+def anthropic_block(messages: Sequence[dict[str, Any]], span: Span) -> Block:
+    """Content of an Anthropic block: thinking, text, tool_use inputs and tool_result contents."""
+    assistant, answer = parts(messages[span.start]), parts(messages[span.positions[1]])
+    return Block(span.positions, span.call_ids,
+                 reasoning="\n".join(p.get("thinking", "") for p in assistant if p.get("type") == "thinking"),
+                 text="\n".join(p.get("text", "") for p in assistant if p.get("type") == "text"),
+                 actions=tuple(Action(str(p.get("name", "")), json.dumps(p.get("input", {}), ensure_ascii=False))
+                               for p in assistant if p.get("type") == "tool_use"),
+                 observations=tuple(content_text(p.get("content")) for p in answer if p.get("type") == "tool_result"))
 
 
 def parts(message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -235,8 +265,8 @@ def parts(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def reconstruct(history: History, kept_blocks: set[int]) -> list[dict[str, Any]]:
-    """The caller's message objects minus the blocks not in ``kept_blocks``, in original order, validated again."""
-    dropped = {p for b, block in enumerate(history.blocks) if b not in kept_blocks for p in block.positions}
+    """The caller's message objects minus the blocks not in ``kept_blocks``, in original order, parsed again."""
+    dropped = {p for b, span in enumerate(history.spans) if b not in kept_blocks for p in span.positions}
     out = [message for i, message in enumerate(history.messages) if i not in dropped]
     parse_history(out, history.format)
     return out

@@ -89,10 +89,9 @@ def goal_blocks(embeddings: Any, task_embedding: Any, eligible: Any, count: int)
     None without a task embedding."""
     if task_embedding is None or count <= 0:
         return []
-    x = np.asarray(to_numpy(embeddings), dtype=np.float64)
-    mask = index_mask(eligible, x.shape[0], "eligible", True)
-    candidates = np.flatnonzero(mask)
-    scores = x[candidates] @ np.asarray(to_numpy(task_embedding), dtype=np.float64)
+    x = to_numpy(embeddings)
+    candidates = np.flatnonzero(index_mask(eligible, x.shape[0], "eligible", True))
+    scores = (x @ np.asarray(to_numpy(task_embedding), dtype=x.dtype))[candidates].astype(np.float64)
     return [int(candidates[i]) for i in rank(scores, candidates)[:count]]
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .api import select
 from .arrays import to_numpy
-from .blocks import Block, BlockStructureError, History, parse_history, reconstruct
+from .blocks import BlockStructureError, History, parse_history, reconstruct
 from .config import GEMConfig, resolve_config
 from .encoders import Encoder, make_encoder, normalise_rows
 from .evidence import BlockFeatures, block_features, protect
@@ -120,8 +120,8 @@ class GEM:
     def _compress(self, history: History, session_id: str | None, goal: str | None,
                   started: float) -> Compressed:
         cfg = self.config
-        messages, blocks = history.messages, history.blocks
-        n = len(blocks)
+        messages, spans = history.messages, history.spans
+        n = len(spans)
         session_id = session_id or prefix_session_id(history)
         if n < cfg.min_blocks:
             stats = CompressionStats(UNCHANGED, f"{n} complete blocks, fewer than {cfg.min_blocks}", session_id,
@@ -131,7 +131,7 @@ class GEM:
 
         goal_text = goal if goal is not None else history.task_text()
         state = self.store.get(session_id)
-        keys = tuple(block.key for block in blocks)
+        keys = tuple(span.key for span in spans)
         cache = state.block_cache if state is not None else {}
         encode_started = time.perf_counter()
         infos, encoded = self._block_infos(history, cache)
@@ -175,7 +175,7 @@ class GEM:
         tokens_before = tokens_after = None
         if self.count_tokens is not None:
             other = sum(self.count_tokens(json.dumps(messages[p], ensure_ascii=False))
-                        for p in range(len(messages)) if p not in history.block_positions())
+                        for p in range(len(messages)) if p not in history.block_positions)
             tokens_before = other + sum(info.tokens for info in infos)
             tokens_after = tokens_before - sum(infos[b].tokens for b in removed)
         stats = CompressionStats(
@@ -191,7 +191,7 @@ class GEM:
 
     def _block_infos(self, history: History, cache: dict[str, BlockInfo]) -> tuple[list[BlockInfo], int]:
         """Cached per-block info; new blocks are encoded in one batch. Returns (infos, newly encoded)."""
-        new = [block for block in history.blocks if block.key not in cache]
+        new = [history.block(b) for b, span in enumerate(history.spans) if span.key not in cache]
         if new:
             embeddings = np.asarray(self.encoder.encode([block_text(block, self.config.max_text_chars)
                                                          for block in new]), dtype=np.float32)
@@ -206,7 +206,7 @@ class GEM:
                     tokens=None if self.count_tokens is None else sum(
                         self.count_tokens(json.dumps(m, ensure_ascii=False)) for m in messages),
                     features=block_features(block), embedding=embedding)
-        return [cache[block.key] for block in history.blocks], len(new)
+        return [cache[span.key] for span in history.spans], len(new)
 
 
 def serialised_chars(message: Any) -> int:
@@ -216,7 +216,7 @@ def serialised_chars(message: Any) -> int:
 
 def request_chars(messages: Sequence[Any], history: History, infos: Sequence[BlockInfo]) -> int:
     """``len(json.dumps(messages))`` from cached block sizes plus the non-block messages."""
-    in_blocks = history.block_positions()
+    in_blocks = history.block_positions
     other = sum(serialised_chars(m) for p, m in enumerate(messages) if p not in in_blocks)
     return sum(info.chars for info in infos) + other
 
