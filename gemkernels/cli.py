@@ -117,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     comp = commands.add_parser("compress", help="compress a chat request or a recorded run")
     comp.add_argument("source", help="request/messages JSON, a recorded run (mini-swe-agent, SWE-agent, "
                                      "tau-bench, OpenAI JSON/JSONL), or - for a request on stdin")
-    comp.add_argument("--encoder", default="minilm", help="minilm (default, offline), hash or hash-<dim>")
+    comp.add_argument("--encoder", default="minilm",
+                      help="minilm (default, offline), hash, hash-<dim>, or openai:<model>[:<dimensions>]")
     comp.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="default %(default)s")
     comp.add_argument("--step", type=int, help="cut a recorded run before its N-th assistant action")
     comp.add_argument("--run", help="which run of a multi-run file (tau-bench)")

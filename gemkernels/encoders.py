@@ -128,9 +128,19 @@ class CachedEncoder:
 
 
 def make_encoder(name: str) -> Encoder:
-    """``"minilm"`` (default real model) or ``"hash"`` / ``"hash-<dim>"``, wrapped in a cache."""
+    """An encoder by name, wrapped in a cache: ``minilm`` (default real model), ``hash`` / ``hash-<dim>``,
+    or ``openai:<model>[:<dimensions>]`` served at ``$GEM_EMBEDDINGS_BASE_URL`` (default OpenAI's API),
+    key from ``$GEM_EMBEDDINGS_API_KEY``, else ``$OPENAI_API_KEY``."""
     if name == "minilm":
         return CachedEncoder(MiniLMEncoder())
     if name == "hash" or name.startswith("hash-"):
         return CachedEncoder(HashEncoder(int(name[5:]) if name != "hash" else 256))
-    raise ValueError(f"unknown encoder {name!r}; choose 'minilm', 'hash' or 'hash-<dim>'")
+    if name.startswith("openai:"):
+        from .remote_encoder import OpenAIEmbeddingsEncoder
+
+        model, _, dimensions = name[len("openai:"):].partition(":")
+        key_env = "GEM_EMBEDDINGS_API_KEY" if "GEM_EMBEDDINGS_API_KEY" in os.environ else "OPENAI_API_KEY"
+        return CachedEncoder(OpenAIEmbeddingsEncoder(
+            os.environ.get("GEM_EMBEDDINGS_BASE_URL", "https://api.openai.com/v1"), model,
+            dimensions=int(dimensions) if dimensions else None, api_key_env=key_env))
+    raise ValueError(f"unknown encoder {name!r}; choose minilm, hash, hash-<dim> or openai:<model>[:<dimensions>]")

@@ -68,3 +68,12 @@ def test_minilm_loads_offline_and_windows_long_texts(monkeypatch):
     # the observation at the end of the long text still shapes its embedding
     head_only = enc.encode([short + " " + "filler words " * 200])[0]
     assert e[1] @ e[2] > head_only @ e[2]
+
+
+def test_openai_spec_builds_a_remote_encoder_from_the_environment(monkeypatch):
+    pytest.importorskip("httpx")
+    monkeypatch.setenv("GEM_EMBEDDINGS_BASE_URL", "http://127.0.0.1:9/v1/")
+    monkeypatch.setenv("GEM_EMBEDDINGS_API_KEY", "sk-test")
+    enc = make_encoder("openai:qwen3-embedding-8b:1024")
+    assert isinstance(enc, CachedEncoder) and enc.dim == 1024 and enc.name == "qwen3-embedding-8b@1024"
+    assert enc.encoder.url == "http://127.0.0.1:9/v1/embeddings"

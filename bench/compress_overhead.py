@@ -1,0 +1,50 @@
+"""`GEM.compress` per-call overhead against one ``json.dumps`` of the same request, side by side.
+
+    python -m bench.compress_overhead [--blocks 1000] [--repeats 30]
+
+A warm session (every block already embedded): the append path (one new block) and the
+reselection path (goal change: evidence rules, selection and guard over every block).
+The synthetic history comes from the tests (Liger-Kernel style: benchmarks import their inputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from test_gem import synthetic_history  # noqa: E402
+
+from gemkernels import GEM  # noqa: E402
+from gemkernels.encoders import CachedEncoder, HashEncoder  # noqa: E402
+
+from .timing import compare, fmt_seconds  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    messages = synthetic_history(args.blocks, seed=1)
+    gem = GEM("paper", encoder=CachedEncoder(HashEncoder(384)), token_counter=None)
+    gem.compress(messages[:-2], session_id="bench")
+    goals = itertools.count()
+    results = compare({
+        "json.dumps(request)": lambda: json.dumps(messages),
+        "compress, append path": lambda: gem.compress(messages, session_id="bench"),
+        "compress, reselection path": lambda: gem.compress(messages, session_id="bench", goal=f"goal {next(goals)}"),
+    }, repeats=args.repeats)
+    floor = results["json.dumps(request)"].median
+    print(f"{args.blocks} blocks, {len(json.dumps(messages)):,} serialised characters\n")
+    print("| what | median | ratio to json.dumps |\n|---|---|---|")
+    for name, timing in results.items():
+        print(f"| {name} | {fmt_seconds(timing.median)} | {timing.median / floor:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
