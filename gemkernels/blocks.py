@@ -41,7 +41,7 @@ class Span:
     def start(self) -> int:
         return self.positions[0]
 
-    @property
+    @cached_property
     def key(self) -> str:
         """Stable identity across requests: the tool-call ids."""
         return "\x1f".join(self.call_ids)
@@ -265,8 +265,20 @@ def parts(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def reconstruct(history: History, kept_blocks: set[int]) -> list[dict[str, Any]]:
-    """The caller's message objects minus the blocks not in ``kept_blocks``, in original order, parsed again."""
+    """The caller's message objects minus the blocks not in ``kept_blocks``, in original order.
+
+    The output is checked against the parse it came from: every block is present whole or not at
+    all and every message outside the blocks is present, so the parse's guarantees (unique ids,
+    every call with all its results) carry over without a second parse."""
     dropped = {p for b, span in enumerate(history.spans) if b not in kept_blocks for p in span.positions}
     out = [message for i, message in enumerate(history.messages) if i not in dropped]
-    parse_history(out, history.format)
+    present = {id(message) for message in out}
+    messages = history.messages
+    for b, span in enumerate(history.spans):
+        kept = [id(messages[p]) in present for p in span.positions]
+        if any(kept) and not all(kept):
+            raise BlockStructureError(f"reconstruction would split block {b}")
+    lost = [p for p in range(len(messages)) if p not in history.block_positions and id(messages[p]) not in present]
+    if lost:
+        raise BlockStructureError(f"reconstruction would drop non-block message {lost[0]}")
     return out
