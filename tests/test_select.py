@@ -108,6 +108,8 @@ def to_np(a) -> np.ndarray:
         if a.dtype == torch.bfloat16:
             a = a.float()
         return a.numpy()
+    if type(a).__module__.startswith("cupy"):
+        return a.get()
     return np.asarray(a)
 
 
@@ -930,3 +932,32 @@ def test_numpy_input_on_triton_gives_numpy():
     sel = gk.select(x, k=12, backend="triton")
     assert isinstance(sel.indices, np.ndarray) and isinstance(sel.residuals, np.ndarray)
     check_selection(sel, x, None, None, k=12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("path", ["gram", "fused", "stepwise"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_cuda_every_triton_path_and_dtype_at_default_tiles(path, dtype, monkeypatch):
+    from gemkernels.backends import triton_backend
+
+    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path=path))
+    rng = np.random.default_rng(54)
+    ns = [1, 256, 17, 1000, 129]
+    xs = [cuda_x(rng, n, 1000, dtype) for n in ns]
+    ps = [[0], [3, 200], [], [10, 500, 999], [128]]
+    sels = gk.select_batch(xs, protected=ps, tau=0.9, k=16, backend="triton")
+    for x, p, sel in zip(xs, ps, sels):
+        assert sel.indices.is_cuda
+        check_selection(sel, x, p, None, 0.9, 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or importlib.util.find_spec("cupy") is None, reason="needs CUDA and CuPy")
+def test_cupy_in_cupy_out():
+    import cupy
+
+    x = make_x(np.random.default_rng(55), 300, 96, "embedding").astype(np.float32)
+    sel = gk.select(cupy.asarray(x), protected=[1, 2], k=10)
+    assert isinstance(sel.indices, cupy.ndarray) and isinstance(sel.residuals, cupy.ndarray)
+    check_selection(sel, x, [1, 2], None, k=10)
