@@ -55,6 +55,7 @@ class Block(Span):
     text: str
     actions: tuple[Action, ...]
     observations: tuple[str, ...]
+    failed: bool = False  # a result the caller marked as an error (Anthropic ``is_error``)
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ def anthropic_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
         answer = messages[i + 1] if i + 1 < len(messages) else None
         answer_parts = parts(answer) if answer is not None and answer["role"] == "user" else []
         answered = [p.get("tool_use_id") for p in answer_parts if p.get("type") == "tool_result"]
-        if sorted(answered) != sorted(ids):
+        if not all(isinstance(a, str) for a in answered) or len(answered) != len(ids) or set(answered) != set(ids):
             raise BlockStructureError(f"the tool_use ids of message {i} are not answered exactly by message {i + 1}")
         if all(p.get("type") == "tool_result" for p in answer_parts):
             spans.append(Span((i, i + 1), tuple(ids)))
@@ -255,7 +256,8 @@ def anthropic_block(messages: Sequence[dict[str, Any]], span: Span) -> Block:
                  text="\n".join(p.get("text", "") for p in assistant if p.get("type") == "text"),
                  actions=tuple(Action(str(p.get("name", "")), json.dumps(p.get("input", {}), ensure_ascii=False))
                                for p in assistant if p.get("type") == "tool_use"),
-                 observations=tuple(content_text(p.get("content")) for p in answer if p.get("type") == "tool_result"))
+                 observations=tuple(content_text(p.get("content")) for p in answer if p.get("type") == "tool_result"),
+                 failed=any(p.get("is_error") is True for p in answer if p.get("type") == "tool_result"))
 
 
 def parts(message: dict[str, Any]) -> list[dict[str, Any]]:

@@ -190,7 +190,7 @@ def block_features(block: Block) -> BlockFeatures:
     programs = [p for e in per_action for p in e.programs]
     content = bool(programs) and all(p in CONTENT_PROGRAMS for p in programs)
     quiet = bool(per_action) and all(e.programs and e.programs[-1] in QUIET_PROGRAMS for e in per_action)
-    error = any(is_error_output(text, content, quiet) for text in observations)
+    error = block.failed or any(is_error_output(text, content, quiet) for text in observations)
     return BlockFeatures(edited_paths=edits, is_error=error, sources=sources,
                          is_source=bool(sources) and not error and any(has_output(t) for t in observations))
 

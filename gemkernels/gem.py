@@ -20,7 +20,7 @@ import numpy as np
 
 from .api import select
 from .arrays import to_numpy
-from .blocks import BlockStructureError, History, parse_history, reconstruct
+from .blocks import BlockStructureError, History, Span, parse_history, reconstruct
 from .config import GEMConfig, resolve_config
 from .encoders import Encoder, make_encoder, normalise_rows
 from .evidence import BlockFeatures, block_features, protect
@@ -131,10 +131,10 @@ class GEM:
 
         goal_text = goal if goal is not None else history.task_text()
         state = self.store.get(session_id)
-        keys = tuple(span.key for span in spans)
+        keys = tuple(block_identity(messages, span) for span in spans)
         cache = state.block_cache if state is not None else {}
         encode_started = time.perf_counter()
-        infos, encoded = self._block_infos(history, cache)
+        infos, encoded = self._block_infos(history, keys, cache)
         embeddings = np.stack([info.embedding for info in infos])
         task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
         encode_seconds = time.perf_counter() - encode_started
@@ -189,9 +189,11 @@ class GEM:
         )
         return Compressed(out, stats)
 
-    def _block_infos(self, history: History, cache: dict[str, BlockInfo]) -> tuple[list[BlockInfo], int]:
+    def _block_infos(self, history: History, keys: Sequence[str],
+                     cache: dict[str, BlockInfo]) -> tuple[list[BlockInfo], int]:
         """Cached per-block info; new blocks are encoded in one batch. Returns (infos, newly encoded)."""
-        new = [history.block(b) for b, span in enumerate(history.spans) if span.key not in cache]
+        new_ids = [b for b, key in enumerate(keys) if key not in cache]
+        new = [history.block(b) for b in new_ids]
         if new:
             embeddings = np.asarray(self.encoder.encode([block_text(block, self.config.max_text_chars)
                                                          for block in new]), dtype=np.float32)
@@ -199,14 +201,33 @@ class GEM:
                 raise ValueError(f"encoder {self.encoder.name} returned unusable embeddings "
                                  f"(shape {embeddings.shape}, expected {(len(new), self.encoder.dim)}, "
                                  "or not finite)")
-            for block, embedding in zip(new, embeddings):
+            for b, block, embedding in zip(new_ids, new, embeddings):
                 messages = [history.messages[p] for p in block.positions]
-                cache[block.key] = BlockInfo(
+                cache[keys[b]] = BlockInfo(
                     chars=sum(serialised_chars(m) for m in messages),
                     tokens=None if self.count_tokens is None else sum(
                         self.count_tokens(json.dumps(m, ensure_ascii=False)) for m in messages),
                     features=block_features(block), embedding=embedding)
-        return [cache[span.key] for span in history.spans], len(new)
+        return [cache[key] for key in keys], len(new)
+
+
+def block_identity(messages: Sequence[Any], span: Span) -> str:
+    """A block's identity within a session: its tool-call ids plus a hash of what it says, so a block
+    rewritten under the same ids (an elided old output, say) counts as a new block."""
+    said: list[Any] = []
+    for p in span.positions:
+        message = messages[p]
+        for name in ("content", "reasoning_content", "reasoning"):
+            value = message.get(name)
+            said.append(value if value is None or isinstance(value, str) else repr(value))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function")
+            if not isinstance(function, dict):
+                said.append(repr(function))
+                continue
+            name, arguments = function.get("name"), function.get("arguments")
+            said.append((repr(name), arguments if isinstance(arguments, str) else repr(arguments)))
+    return f"{span.key}\x1e{hash(tuple(said)):x}"
 
 
 def serialised_chars(message: Any) -> int:

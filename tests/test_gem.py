@@ -191,3 +191,16 @@ def test_bundled_example_compresses_with_evidence():
     result = make_gem("balanced").compress(messages)
     assert result.stats.action == "reselected" and result.stats.removed_blocks
     assert_valid_sublist(result.messages, messages)
+
+
+def test_dict_arguments_and_rewritten_blocks_are_handled():
+    messages = synthetic_history(20)
+    messages[2] = {**messages[2], "tool_calls": [{**messages[2]["tool_calls"][0],
+                                                  "function": {"name": "bash", "arguments": {"command": "ls"}}}]}
+    gem = make_gem()
+    first = gem.compress(messages, session_id="d")
+    assert first.stats.action == "reselected"
+    rewritten = messages[:3] + [{**messages[3], "content": "[old output elided]"}] + messages[4:]
+    again = gem.compress(rewritten, session_id="d")
+    assert again.stats.action == "reselected" and "not an extension" in again.stats.reason
+    assert again.stats.encoded_blocks == 1 and again.stats.chars_before == len(json.dumps(rewritten))

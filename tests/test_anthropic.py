@@ -1,0 +1,306 @@
+"""Anthropic Messages histories (content parts) and OpenAI legacy function calls: blocks, content, GEM.compress."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from gemkernels import GEM
+from gemkernels.blocks import ANTHROPIC, OPENAI, BlockStructureError, detect_format, parse_history, reconstruct
+from gemkernels.encoders import HashEncoder
+
+
+def tool_use(use_id, name="bash", **inputs):
+    return {"type": "tool_use", "id": use_id, "name": name, "input": inputs}
+
+
+def tool_result(use_id, content, is_error=False):
+    return {"type": "tool_result", "tool_use_id": use_id, "content": content, "is_error": is_error}
+
+
+def small_history():
+    """Task, one single call, one parallel pair answered in swapped order, a mixed answer, a plain exchange."""
+    return [
+        {"role": "user", "content": "Fix the failing test in utils.py"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "start by listing files", "signature": "sig"},
+            {"type": "text", "text": "Let me look around."},
+            tool_use("tu_1", command="ls -la")]},
+        {"role": "user", "content": [tool_result("tu_1", "setup.py\nutils.py")]},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Reading both files."},
+            tool_use("tu_2", "read_file", path="utils.py"),
+            tool_use("tu_3", "read_file", path="test_utils.py", lines=[1, 40])]},
+        {"role": "user", "content": [
+            tool_result("tu_3", [{"type": "text", "text": "def test_x():"},
+                                 {"type": "text", "text": "    assert x() == 2"}]),
+            tool_result("tu_2", "def x():\n    return 1")]},
+        {"role": "assistant", "content": [tool_use("tu_4", command="python -m pytest", timeout=60)]},
+        {"role": "user", "content": [tool_result("tu_4", "Error: 1 failed", is_error=True),
+                                     {"type": "text", "text": "Please hurry up."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Working on it."}]},
+        {"role": "user", "content": "Thanks."},
+    ]
+
+
+# ----------------------------------------------------------------------------- structure
+
+
+def test_format_detected_and_blocks_found():
+    h = small_history()
+    history = parse_history(h)
+    assert detect_format(h) == ANTHROPIC and history.format == ANTHROPIC
+    # the mixed answer (message 6 carries text besides its tool_result) is valid but not a removable block
+    assert [s.positions for s in history.spans] == [(1, 2), (3, 4)]
+    assert [s.call_ids for s in history.spans] == [("tu_1",), ("tu_2", "tu_3")]
+    assert history.prefix_end == 1
+    assert history.block_positions.isdisjoint({0, 5, 6, 7, 8})
+
+
+def test_parallel_tool_use_answered_by_one_user_message_is_one_block():
+    h = small_history()[:5]
+    spans = parse_history(h).spans
+    assert len(spans) == 2 and spans[1].positions == (3, 4) and spans[1].key == "tu_2\x1ftu_3"
+
+
+def test_mixed_tool_result_and_text_is_valid_and_never_dropped():
+    h = small_history()
+    history = parse_history(h)
+    assert len(history.spans) == 2
+    out = reconstruct(history, set())  # drop every removable block
+    assert out == [h[0]] + h[5:]
+    assert all(a is b for a, b in zip(out, [h[0]] + h[5:]))
+
+
+def test_string_content_history_is_openai():
+    h = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "hello"}]}]
+    assert detect_format(h) == OPENAI and parse_history(h).spans == ()
+
+
+# ----------------------------------------------------------------------------- content
+
+
+def test_block_content_reasoning_text_actions_observations():
+    h = small_history()
+    before = copy.deepcopy(h)
+    first, second = parse_history(h).blocks
+    assert first.reasoning == "start by listing files" and first.text == "Let me look around."
+    assert [a.name for a in first.actions] == ["bash"]
+    assert json.loads(first.actions[0].arguments) == {"command": "ls -la"}
+    assert first.observations == ("setup.py\nutils.py",)
+
+    assert second.reasoning == "" and second.text == "Reading both files."
+    assert [a.name for a in second.actions] == ["read_file", "read_file"]
+    assert [json.loads(a.arguments) for a in second.actions] == [{"path": "utils.py"},
+                                                                {"path": "test_utils.py", "lines": [1, 40]}]
+    # observations in the order of the answering message; list content joined from its text parts
+    assert second.observations == ("def test_x():\n    assert x() == 2", "def x():\n    return 1")
+    assert h == before
+
+
+def test_several_thinking_and_text_parts_are_joined():
+    h = [{"role": "user", "content": "task"},
+         {"role": "assistant", "content": [{"type": "thinking", "thinking": "one"}, {"type": "text", "text": "a"},
+                                           {"type": "thinking", "thinking": "two"}, {"type": "text", "text": "b"},
+                                           tool_use("x", "edit", path="é.py", new="ünïcode")]},
+         {"role": "user", "content": [tool_result("x", [])]}]
+    (block,) = parse_history(h).blocks
+    assert block.reasoning == "one\ntwo" and block.text == "a\nb" and block.observations == ("",)
+    assert json.loads(block.actions[0].arguments) == {"path": "é.py", "new": "ünïcode"}
+
+
+# ----------------------------------------------------------------------------- invalid structures
+
+
+def _dup_within(h):
+    h[3]["content"][2]["id"] = "tu_2"
+
+
+def _dup_across(h):
+    h[3]["content"][1]["id"] = "tu_1"
+    h[4]["content"][1]["tool_use_id"] = "tu_1"
+
+
+def _missing_result(h):
+    h[4]["content"].pop(1)
+
+
+def _no_answer_at_all(h):
+    del h[2]
+
+
+def _tool_use_is_last(h):
+    del h[5:]
+    del h[4]
+
+
+def _orphan_result_first(h):
+    h.insert(0, {"role": "user", "content": [tool_result("tu_0", "stale")]})
+
+
+def _orphan_result_after_plain_turn(h):
+    h.append({"role": "user", "content": [tool_result("tu_1", "answered again")]})
+
+
+def _split_answers(h):
+    h[4:5] = [{"role": "user", "content": [h[4]["content"][0]]}, {"role": "user", "content": [h[4]["content"][1]]}]
+
+
+def _wrong_id(h):
+    h[2]["content"][0]["tool_use_id"] = "tu_9"
+
+
+def _answer_from_assistant(h):
+    h[2]["role"] = "assistant"
+
+
+def _tool_use_without_id(h):
+    del h[1]["content"][2]["id"]
+
+
+@pytest.mark.parametrize("mutate", [_dup_within, _dup_across, _missing_result, _no_answer_at_all, _tool_use_is_last,
+                                    _orphan_result_first, _orphan_result_after_plain_turn, _split_answers, _wrong_id,
+                                    _answer_from_assistant, _tool_use_without_id])
+def test_invalid_structure_raises_and_compress_passes_through(mutate):
+    h = small_history()
+    mutate(h)
+    with pytest.raises(BlockStructureError):
+        parse_history(h)
+    before = copy.deepcopy(h)
+    result = GEM("core", encoder=HashEncoder(32), token_counter=None).compress(h)
+    assert result.messages is h and h == before and result.stats.action == "passthrough"
+
+
+@pytest.mark.parametrize("bad_id", [None, 7], ids=["missing", "int"])
+def test_tool_result_with_bad_tool_use_id_is_a_structure_error(bad_id):
+    """A tool_result whose tool_use_id is missing (or not a string) answering a parallel tool_use message.
+
+    Library bug: anthropic_spans sorts the answered ids, and sorting [None, 'tu_2'] raises TypeError,
+    which escapes parse_history (not a BlockStructureError) and GEM.compress (which must never raise)."""
+    h = small_history()
+    if bad_id is None:
+        del h[4]["content"][0]["tool_use_id"]
+    else:
+        h[4]["content"][0]["tool_use_id"] = bad_id
+    with pytest.raises(BlockStructureError):
+        parse_history(h)
+    result = GEM("core", encoder=HashEncoder(32), token_counter=None).compress(h)
+    assert result.messages is h and result.stats.action == "passthrough"
+
+
+# ----------------------------------------------------------------------------- GEM.compress
+
+WORDS = ["models", "views", "migration", "router", "template", "cache", "session", "query", "index", "admin"]
+
+
+def anthropic_history(num_blocks=40, seed=0):
+    rng = np.random.default_rng(seed)
+    h = [{"role": "user", "content": [{"type": "text", "text": "Fix the cache invalidation bug in views.py"}]}]
+    for b in range(num_blocks):
+        topic = WORDS[int(rng.integers(len(WORDS)))]
+        body = " ".join(f"{WORDS[int(v) % 10]}{int(v)}" for v in rng.integers(0, 300, size=int(rng.integers(10, 400))))
+        parallel = 1 + (b % 3 == 1)
+        uses = [tool_use(f"toolu_{b}_{j}", "bash", command=f"grep -rn {topic}{j} src/") for j in range(parallel)]
+        content = ([{"type": "thinking", "thinking": f"check {topic}", "signature": "s"}] if b % 2 else [])
+        content += [{"type": "text", "text": f"Step {b}: {topic}"}] + uses
+        h.append({"role": "assistant", "content": content})
+        results = [tool_result(u["id"], f"{topic}\n{body}" if j == 0 else [{"type": "text", "text": body[:200]}],
+                               is_error=(b % 7 == 3)) for j, u in enumerate(uses)]
+        if b == 20:  # a mixed answer: valid, not removable
+            results.append({"type": "text", "text": "Also, keep the public API stable."})
+        h.append({"role": "user", "content": results[::-1]})
+        if b == 10:  # a plain exchange in the middle: not a block
+            h.append({"role": "assistant", "content": [{"type": "text", "text": "Progress so far: found it."}]})
+            h.append({"role": "user", "content": "Good, continue."})
+    return h
+
+
+def positions_in(out, messages):
+    ids = [id(m) for m in messages]
+    return [ids.index(id(m)) for m in out]
+
+
+@pytest.mark.parametrize("preset", ["paper", "balanced", "core"])
+def test_compress_anthropic_history(preset):
+    h = anthropic_history()
+    history = parse_history(h)
+    assert history.format == ANTHROPIC and len(history.spans) == 39  # block 20's answer is mixed
+    before = copy.deepcopy(h)
+    gem = GEM(preset, encoder=HashEncoder(128), token_counter=None)
+    result = gem.compress(h, session_id="anthropic")
+    stats = result.stats
+    out = result.messages
+    assert h == before  # neither the list nor its dicts were mutated
+    assert stats.action == "reselected"
+    assert all(any(m is x for x in h) for m in out)  # the caller's own objects
+    positions = positions_in(out, h)
+    assert positions == sorted(set(positions))  # order preserved, no repeats
+    assert parse_history(out).format == ANTHROPIC
+    kept = set(positions)
+    assert set(range(history.prefix_end)) <= kept
+    for span in history.spans[-4:]:
+        assert set(span.positions) <= kept
+    non_block = set(range(len(h))) - history.block_positions
+    assert non_block <= kept  # plain turns and the mixed block are never removed
+    assert stats.chars_before == len(json.dumps(h))
+    assert stats.chars_after == len(json.dumps(out))
+    assert stats.chars_after >= (1 - gem.config.delta) * stats.chars_before
+    dropped = {p for b in stats.removed_blocks for p in history.spans[b].positions}
+    assert kept == set(range(len(h))) - dropped
+    if preset != "paper":
+        assert stats.removed_blocks  # the deeper presets really remove blocks here
+
+
+def test_anthropic_session_appends_new_blocks():
+    full = anthropic_history(46, seed=4)
+    gem = GEM("core", encoder=HashEncoder(128), token_counter=None)
+    cut = len(full) - 2 * 6
+    first = gem.compress(full[:cut], session_id="a")
+    second = gem.compress(full, session_id="a")
+    assert first.stats.action == "reselected" and second.stats.action == "appended"
+    assert second.stats.encoded_blocks == 6
+    kept = set(positions_in(second.messages, full))
+    assert set(range(cut, len(full))) <= kept
+    parse_history(second.messages)
+
+
+# ----------------------------------------------------------------------------- OpenAI legacy function calls
+
+
+def legacy_history(num_blocks=40):
+    h = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Update the docs index."}]
+    for b in range(num_blocks):
+        call_id = f"call_{b}"
+        h.append({"role": "assistant", "content": f"step {b}", "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": "bash", "arguments": json.dumps({"command": f"cat docs/page{b}.rst"})}}]})
+        h.append({"role": "tool", "tool_call_id": call_id,
+                  "content": f"page {b}\n" + " ".join(f"tok{(b * 31 + i) % 97}" for i in range(40 + 13 * (b % 9)))})
+        if b % 8 == 2:
+            h.append({"role": "assistant", "content": None,
+                      "function_call": {"name": "lookup", "arguments": json.dumps({"page": b})}})
+            h.append({"role": "function", "name": "lookup", "content": f"page {b} has {b * 3} lines"})
+    return h
+
+
+def test_legacy_function_messages_are_not_blocks():
+    h = legacy_history()
+    history = parse_history(h)
+    assert history.format == OPENAI and len(history.spans) == 40
+    legacy = [i for i, m in enumerate(h) if m["role"] == "function" or "function_call" in m]
+    assert len(legacy) == 10 and history.block_positions.isdisjoint(legacy)
+
+
+@pytest.mark.parametrize("preset", ["paper", "core"])
+def test_legacy_function_messages_are_never_removed(preset):
+    h = legacy_history()
+    before = copy.deepcopy(h)
+    result = GEM(preset, encoder=HashEncoder(128), token_counter=None).compress(h, session_id="legacy")
+    assert h == before and result.stats.action == "reselected" and result.stats.removed_blocks
+    positions = positions_in(result.messages, h)
+    assert positions == sorted(set(positions))
+    legacy = {i for i, m in enumerate(h) if m["role"] == "function" or "function_call" in m}
+    assert legacy <= set(positions)
+    parse_history(result.messages)
+    assert result.stats.chars_after == len(json.dumps(result.messages))

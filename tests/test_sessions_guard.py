@@ -1,0 +1,309 @@
+"""SessionStore (LRU + TTL, thread safety), the forwarding guard, GEMConfig validation and resolve_config."""
+
+import math
+import random
+import sys
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gemkernels.config import PRESETS, GEMConfig, resolve_config
+from gemkernels.evidence import EvidenceConfig
+from gemkernels.guard import guarded_removals
+from gemkernels.sessions import SessionState, SessionStore
+
+
+def state(tag: str) -> SessionState:
+    return SessionState((tag,), frozenset({tag}), f"goal {tag}", 1)
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ----------------------------------------------------------------------------- SessionStore
+
+
+def test_get_put_and_replace():
+    store = SessionStore()
+    assert store.get("a") is None and len(store) == 0
+    s1, s2 = state("1"), state("2")
+    store.put("a", s1)
+    assert store.get("a") is s1 and store.get("b") is None
+    store.put("a", s2)
+    assert store.get("a") is s2 and len(store) == 1
+
+
+def test_lru_eviction_at_max_sessions():
+    store = SessionStore(max_sessions=3)
+    states = {k: state(k) for k in "abcde"}
+    for k in "abc":
+        store.put(k, states[k])
+    assert store.get("a") is states["a"]  # a is now the most recent; b the least
+    store.put("d", states["d"])
+    assert len(store) == 3 and store.get("b") is None
+    assert store.get("c") is states["c"] and store.get("a") is states["a"]  # order now d, c, a
+    store.put("e", states["e"])
+    assert store.get("d") is None
+    assert [store.get(k) for k in "cae"] == [states[k] for k in "cae"]
+
+
+def test_put_refreshes_recency():
+    store = SessionStore(max_sessions=2)
+    store.put("a", state("a"))
+    store.put("b", state("b"))
+    store.put("a", state("a2"))  # a becomes the most recent
+    store.put("c", state("c"))
+    assert store.get("b") is None and store.get("a").goal == "goal a2"
+
+
+def test_max_sessions_one():
+    store = SessionStore(max_sessions=1)
+    store.put("a", state("a"))
+    store.put("b", state("b"))
+    assert len(store) == 1 and store.get("a") is None and store.get("b") is not None
+
+
+def test_ttl_expiry_with_fake_clock():
+    clock = FakeClock()
+    store = SessionStore(ttl_s=10.0, clock=clock)
+    s = state("a")
+    store.put("a", s)
+    clock.now += 10.0
+    assert store.get("a") is s  # exactly ttl_s old: still alive (and refreshed)
+    clock.now += 10.5
+    assert store.get("a") is None and len(store) == 0  # expired entries are dropped on access
+    assert store.get("a") is None
+
+
+def test_get_refreshes_ttl():
+    clock = FakeClock()
+    store = SessionStore(ttl_s=10.0, clock=clock)
+    s = state("a")
+    store.put("a", s)
+    for _ in range(5):  # 40 s in all, never 10 s without a use
+        clock.now += 8.0
+        assert store.get("a") is s
+    clock.now += 11.0
+    assert store.get("a") is None
+
+
+def test_put_resets_ttl_and_other_sessions_expire_independently():
+    clock = FakeClock()
+    store = SessionStore(ttl_s=5.0, clock=clock)
+    store.put("a", state("a"))
+    clock.now += 3
+    store.put("b", state("b"))
+    clock.now += 3  # a is 6 s old, b 3 s
+    assert store.get("a") is None and store.get("b") is not None
+    store.put("b", state("b2"))
+    clock.now += 4.9
+    assert store.get("b").goal == "goal b2"
+
+
+@pytest.fixture
+def fast_thread_switching():
+    """Switch threads often so unsynchronised store updates would interleave and show."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
+
+
+def test_thread_safety_many_sessions(fast_thread_switching):
+    store = SessionStore(max_sessions=50)
+    errors = []
+    barrier = threading.Barrier(16)
+
+    def worker(t):
+        try:
+            barrier.wait()
+            rng = random.Random(t)
+            for _ in range(2000):
+                key = f"s{rng.randrange(200)}"
+                if rng.random() < 0.5:
+                    store.put(key, state(key))
+                else:
+                    got = store.get(key)
+                    assert got is None or got.block_keys == (key,)
+                assert len(store) <= 50
+        except BaseException as err:  # noqa: BLE001 -- reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert 0 < len(store) <= 50
+
+
+def test_thread_safety_same_session_with_expiry(fast_thread_switching):
+    clock_lock = threading.Lock()
+    ticks = [0.0]
+
+    def clock():
+        with clock_lock:
+            ticks[0] += 0.001
+            return ticks[0]
+
+    store = SessionStore(max_sessions=4, ttl_s=0.05, clock=clock)
+    errors = []
+
+    def worker(t):
+        try:
+            for i in range(1500):
+                key = f"k{i % 6}"
+                store.put(key, state(key)) if (i + t) % 3 else store.get(key)
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(store) <= 4
+
+
+@pytest.mark.parametrize("kwargs", [{"max_sessions": 0}, {"max_sessions": -5}, {"ttl_s": 0}, {"ttl_s": -1.0}])
+def test_bad_store_arguments(kwargs):
+    with pytest.raises(ValueError):
+        SessionStore(**kwargs)
+
+
+# ----------------------------------------------------------------------------- guarded_removals
+
+
+def test_larger_first():
+    sizes = [10, 50, 30, 20]
+    # total 110, delta 0.5: floor 55. 50 first (kept 60), then 30 refused, 20 refused, 10 refused
+    assert guarded_removals(sizes, [0, 1, 2, 3], 110, 0.5) == [1]
+
+
+def test_ties_go_to_the_earliest():
+    sizes = [5, 20, 20, 20, 35]
+    # total 100, delta 0.2: floor 80; one of the three 20s fits, the earliest wins
+    assert guarded_removals(sizes, [3, 2, 1], 100, 0.2) == [1]
+    assert guarded_removals(sizes, [3, 2], 100, 0.2) == [2]
+
+
+def test_continues_to_smaller_blocks_after_a_refusal():
+    sizes = [40, 30, 12, 8, 5, 1]
+    # total 100, delta 0.25: floor 75. 40 refused, 30 refused, 12 (kept 88), 8 (80), 5 (75, exactly the floor),
+    # 1 refused
+    assert guarded_removals(sizes, range(6), 100, 0.25) == [2, 3, 4]
+
+
+def test_only_removable_blocks_are_dropped_and_result_is_sorted():
+    sizes = [100, 1, 100, 1, 100]
+    out = guarded_removals(sizes, [4, 3, 1], 302, 1.0)
+    assert out == [1, 3, 4]
+
+
+def test_delta_zero_removes_nothing():
+    sizes = [3, 9, 27, 1]
+    assert guarded_removals(sizes, range(4), sum(sizes) + 10, 0.0) == []
+
+
+def test_delta_one_removes_all_removable():
+    sizes = [3, 9, 27, 1, 81]
+    assert guarded_removals(sizes, [0, 2, 3, 4], sum(sizes) + 5, 1.0) == [0, 2, 3, 4]
+
+
+def test_empty_removable():
+    assert guarded_removals([5, 6], [], 11, 0.5) == []
+
+
+@pytest.mark.parametrize("delta", [-0.01, 1.01, 2, -1, math.nan, math.inf])
+def test_bad_delta_raises(delta):
+    with pytest.raises(ValueError, match="delta"):
+        guarded_removals([1, 2], [0, 1], 3, delta)
+
+
+def reference_guard(sizes, removable, total, delta):
+    floor = (1.0 - delta) * total
+    kept, dropped = total, []
+    order = sorted(set(removable), key=lambda b: (-sizes[b], b))
+    for b in order:
+        if kept - sizes[b] >= floor:
+            kept -= sizes[b]
+            dropped.append(b)
+    return sorted(dropped)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(1, 10_000), min_size=1, max_size=40),
+       other=st.integers(0, 50_000), delta=st.floats(0, 1), data=st.data())
+def test_guard_properties(sizes, other, delta, data):
+    n = len(sizes)
+    removable = data.draw(st.lists(st.integers(0, n - 1), unique=True))
+    total = sum(sizes) + other
+    dropped = guarded_removals(sizes, removable, total, delta)
+    floor = (1.0 - delta) * total
+    kept = total - sum(sizes[b] for b in dropped)
+    assert dropped == sorted(set(dropped)) and set(dropped) <= set(removable)
+    assert kept >= floor  # never below (1 - delta) of the request
+    for b in set(removable) - set(dropped):
+        assert kept - sizes[b] < floor  # greedy is maximal: every refused block would still break the floor
+    if delta == 0:
+        assert dropped == []
+    if delta == 1:
+        assert set(dropped) == set(removable)
+    assert dropped == reference_guard(sizes, removable, total, delta)
+
+
+# ----------------------------------------------------------------------------- GEMConfig / resolve_config
+
+
+def test_presets():
+    assert PRESETS["paper"] == GEMConfig()
+    assert (PRESETS["paper"].delta, PRESETS["balanced"].delta, PRESETS["core"].delta) == (0.05, 0.5, 1.0)
+    paper = PRESETS["paper"]
+    assert (paper.tau, paper.k, paper.min_blocks, paper.reselect_every, paper.max_text_chars) == (0.9, 16, 16, 256,
+                                                                                                  12_000)
+    assert paper.evidence == EvidenceConfig() and paper.evidence.recent == 4
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tau", 0), ("tau", -0.5), ("tau", 1.01), ("tau", math.nan),
+    ("delta", -0.1), ("delta", 1.5), ("delta", math.nan),
+    ("k", -1), ("min_blocks", 0), ("reselect_every", 0), ("max_text_chars", 0), ("max_text_chars", -10),
+])
+def test_config_validation(field, value):
+    with pytest.raises(ValueError, match=field):
+        GEMConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("tau", 1.0), ("delta", 0.0), ("delta", 1.0), ("k", 0), ("min_blocks", 1)])
+def test_config_accepts_bounds(field, value):
+    assert getattr(GEMConfig(**{field: value}), field) == value
+
+
+def test_resolve_config():
+    assert resolve_config(None) is PRESETS["paper"]
+    assert resolve_config("core") is PRESETS["core"]
+    custom = GEMConfig(k=8)
+    assert resolve_config(custom) is custom
+    over = resolve_config("balanced", k=32, tau=0.8)
+    assert (over.delta, over.k, over.tau) == (0.5, 32, 0.8)
+    assert PRESETS["balanced"].k == 16  # presets are not changed by overrides
+    assert resolve_config(custom, delta=0.2) == GEMConfig(k=8, delta=0.2)
+
+
+def test_resolve_config_errors():
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        resolve_config("nope")
+    with pytest.raises(TypeError):
+        resolve_config(42)
+    with pytest.raises(ValueError, match="delta"):
+        resolve_config("paper", delta=3)  # overrides are validated too
+    with pytest.raises(TypeError):
+        resolve_config("paper", no_such_field=1)
