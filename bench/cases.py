@@ -32,6 +32,10 @@ NUMPY_ONE = Case("numpy-one-session", sessions=1, n=512, d=1024, tau=1.0, k=16)
 TORCH_BATCH = Case("torch-cpu-batch", sessions=64, n=64, d=384, tau=0.9, k=16)
 #: A serving-sized batch for the GPU paths (X is 1 GiB in fp32).
 GPU_BATCH = Case("gpu-batch", sessions=1024, n=256, d=1024, tau=1.0, k=16)
+#: The issue's headline GPU target: many sessions (X is 2 GiB in bf16).
+GPU_HEADLINE = Case("gpu-headline", sessions=4096, n=256, d=1024, tau=1.0, k=16)
+#: The issue's long-history GPU target: few sessions of many blocks (X is 1.5 GiB in fp32).
+GPU_LONG = Case("gpu-long-history", sessions=256, n=4096, d=384, tau=1.0, k=16)
 
 
 def numpy_sessions(case: Case, seed: int = 0, dtype=np.float32) -> list[np.ndarray]:
@@ -48,14 +52,10 @@ def torch_sessions(case: Case, seed: int = 0, dtype=None) -> list:
 
 
 def ragged_batch(case: Case, device, dtype, seed: int = 0):
-    """A packed `RaggedBatch` of equal sessions made directly on ``device`` (no host copy of a 1 GiB X)."""
-    import torch
+    """A packed `RaggedBatch` of equal sessions (torch values) made directly on ``device`` (no host copy of a
+    1 GiB X); ``dtype`` is a torch dtype."""
+    from gemkernels.arrays import to_torch
+    from gemkernels.bench_point import make_batch, make_values
 
-    from gemkernels import RaggedBatch
-
-    generator = torch.Generator(device=device).manual_seed(seed)
-    rows = case.sessions * case.n
-    values = torch.randn(rows, case.d, generator=generator, device=device, dtype=torch.float32).to(dtype)
-    offsets = np.arange(case.sessions + 1, dtype=np.int64) * case.n
-    return RaggedBatch(values=values, offsets=offsets, protected=np.zeros(rows, dtype=bool),
-                       eligible=np.ones(rows, dtype=bool))
+    values = make_values(case.sessions * case.n, case.d, str(dtype).removeprefix("torch."), str(device), seed)
+    return make_batch(to_torch(values), case.n)

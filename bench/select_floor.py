@@ -21,86 +21,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 import gemkernels as gk
+from gemkernels.bench_machine import copy_bandwidth, environment, version
+from gemkernels.bench_point import run_selection
+from gemkernels.bench_timing import Timing, compare, cuda_call, fmt_seconds
+from gemkernels.benchmark import resolve_device, say
 
 from . import cases
-from .timing import Timing, compare, cuda_call, fmt_seconds, measure
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 
 try:
     from tqdm import tqdm
 except ImportError:  # plain progress lines instead of a bar
     tqdm = None
-
-
-def say(text: str = "") -> None:
-    """Print without tearing a tqdm bar."""
-    (tqdm.write if tqdm is not None else print)(text)
-
-
-# --------------------------------------------------------------------------- where and when
-
-
-def git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def environment() -> dict:
-    """What a result depends on besides the code: versions, commit, machine, threads, date."""
-    env = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": version("torch"),
-        "triton": version("triton"),
-        "thread_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-                       if k in os.environ},
-        "gpu": None,
-    }
-    try:
-        import torch
-
-        env["torch_threads"] = torch.get_num_threads()
-        if torch.cuda.is_available():
-            env["gpu"] = torch.cuda.get_device_name()
-    except ImportError:
-        pass
-    return env
 
 
 # --------------------------------------------------------------------------- reporting
@@ -114,7 +53,7 @@ class Recorder:
     def __init__(self, out_dir: Path):
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "results.jsonl"
-        self.env = environment()
+        self.env = environment(resolve_device("auto"))
 
     def section(self, title: str, note: str | None = None) -> None:
         say(f"\n### {title}\n" + (f"\n{note}\n" if note else "") + f"\n{self.HEADER}")
@@ -240,17 +179,6 @@ def gpu_unavailable() -> str | None:
 COPY_BYTES = 2 << 30
 
 
-def copy_bandwidth(repeats: int, nbytes: int = COPY_BYTES) -> float:
-    """Device-to-device bytes per second of ``clone`` (read + write counted), from the median of ``repeats``."""
-    import torch
-
-    buf = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
-    t = measure(lambda: buf.clone(), repeats, timer=cuda_call)
-    del buf
-    torch.cuda.empty_cache()
-    return 2 * nbytes / t.median
-
-
 def bench_gpu(rec: Recorder, repeats: int) -> None:
     case = cases.GPU_BATCH
     rec.section(f"c. GPU: triton paths against torch, {case.sessions} sessions of {case.n} x {case.d}, {case.k} steps")
@@ -262,10 +190,10 @@ def bench_gpu(rec: Recorder, repeats: int) -> None:
     import torch
 
     from gemkernels.backends import triton_backend
-    from gemkernels.backends.triton_backend import PATHS, TritonOptions
+    from gemkernels.backends.triton_backend import PATHS
 
-    bandwidth = copy_bandwidth(repeats)
-    say(f"device-to-device copy bandwidth (clone of {COPY_BYTES >> 30} GiB, read+write): {bandwidth / 1e9:.0f} GB/s; "
+    bandwidth = copy_bandwidth("cuda", COPY_BYTES, repeats)
+    say(f"device-to-device copy bandwidth (copy of {COPY_BYTES >> 30} GiB, read+write): {bandwidth / 1e9:.0f} GB/s; "
         f"default path for this shape: {triton_backend.choose_path(np.full(case.sessions, case.n), case.d)}\n")
     for dtype in (torch.float32, torch.bfloat16):
         batch = cases.ragged_batch(case, "cuda", dtype)
@@ -274,26 +202,21 @@ def bench_gpu(rec: Recorder, repeats: int) -> None:
         rec.row("read X once (floor)", config, read_once, x_bytes=batch.values.nbytes,
                 copy_bandwidth_b_per_s=bandwidth)
 
-        def run(backend: str, path: str | None = None):
-            saved = triton_backend.OPTIONS
-            triton_backend.OPTIONS = TritonOptions(path=path)
-            try:
-                return gk.select_ragged(batch, tau=case.tau, k=case.k, backend=backend)
-            finally:
-                triton_backend.OPTIONS = saved
+        def run(contender: str, batch=batch):
+            return run_selection(batch, contender, case.tau, case.k)
 
         fns, reference = {"torch": lambda: run("torch")}, run("torch")
         expect_steps(reference.counts.cpu(), case.k, "torch backend")
         agreement = {}
         for path in PATHS:
             try:
-                out = run("triton", path)
+                out = run(f"triton-{path}")
                 expect_steps(out.counts.cpu(), case.k, f"triton {path}")
             except Exception as exc:  # report a broken path, keep measuring the others
                 rec.row(f"gk.select_ragged triton {path}", config, None, error=f"failed: {type(exc).__name__}: {exc}")
                 continue
             agreement[path] = float((out.indices == reference.indices).all(dim=1).float().mean())
-            fns[f"triton {path}"] = lambda path=path: run("triton", path)
+            fns[f"triton {path}"] = lambda path=path: run(f"triton-{path}")
         del reference
         t = compare(fns, repeats, timer=cuda_call)
         rec.row("gk.select_ragged torch", config, t["torch"], {"torch/read-once": t["torch"].median / read_once})

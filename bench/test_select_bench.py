@@ -5,7 +5,9 @@
 
 These live in bench/, not tests/, so the CI test run (testpaths = ["tests"]) never times
 anything. Each asserts the shape of what it timed, so a broken selection fails rather than
-timing fast. The GPU case runs at full size and is skipped without CUDA.
+timing fast. CPU cases are small; the CUDA cases (torch and every triton path, at the serving
+batch and the issue's two target shapes) run at full size and are skipped without CUDA.
+The throughput sweep with roofline ratios is ``python -m bench`` (`gemkernels.benchmark`).
 """
 
 from __future__ import annotations
@@ -36,35 +38,45 @@ def test_numpy_one_session(benchmark):
     assert 0.0 < sel.coverage < 1.0
 
 
-def test_torch_cpu_batch(benchmark):
-    pytest.importorskip("torch")
+def bench_cpu_batch(benchmark, xs, backend: str) -> None:
+    """Time `gk.select_batch` over the small CPU batch and check every session's answer."""
     case = cases.TORCH_BATCH
-    xs = cases.torch_sessions(case)
     benchmark.extra_info.update(case.describe())
-    sels = benchmark(gk.select_batch, xs, tau=case.tau, k=case.k, backend="torch")
+    sels = benchmark(gk.select_batch, xs, tau=case.tau, k=case.k, backend=backend)
     assert len(sels) == case.sessions
     for sel in sels:
         check_selection(sel.indices, case.n, case.k)
         assert tuple(sel.residuals.shape) == (case.n,)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("path", ["gram", "fused", "stepwise"])
-def test_triton_batch(benchmark, monkeypatch, path, dtype):
+def test_numpy_batch(benchmark):
+    bench_cpu_batch(benchmark, cases.numpy_sessions(cases.TORCH_BATCH), "numpy")
+
+
+def test_torch_cpu_batch(benchmark):
+    pytest.importorskip("torch")
+    bench_cpu_batch(benchmark, cases.torch_sessions(cases.TORCH_BATCH), "torch")
+
+
+GPU_CASES = [pytest.param(c, id=c.name) for c in (cases.GPU_BATCH, cases.GPU_HEADLINE, cases.GPU_LONG)]
+
+
+def cuda_torch():
+    """torch, when it sees a CUDA device; skips the test otherwise."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    pytest.importorskip("triton")
-    from gemkernels.backends import triton_backend
+    return torch
 
-    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path=path))
-    case = cases.GPU_BATCH
+
+def bench_ragged(benchmark, case, dtype: str, backend: str):
+    """Time `gk.select_ragged` on a full-size CUDA batch (synchronised) and check every session's answer."""
+    torch = cuda_torch()
     batch = cases.ragged_batch(case, "cuda", getattr(torch, dtype))
-    benchmark.extra_info.update(case.describe() | {"path": path, "dtype": dtype})
+    benchmark.extra_info.update(case.describe() | {"dtype": dtype, "backend": backend})
 
     def run():
-        out = gk.select_ragged(batch, tau=case.tau, k=case.k, backend="triton")
+        out = gk.select_ragged(batch, tau=case.tau, k=case.k, backend=backend)
         torch.cuda.synchronize()
         return out
 
@@ -74,3 +86,24 @@ def test_triton_batch(benchmark, monkeypatch, path, dtype):
     indices = out.indices.cpu()
     assert bool(((indices >= 0) & (indices < case.n)).all())
     assert all(len(set(row.tolist())) == case.k for row in indices[:: max(1, case.sessions // 16)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_torch_gpu_batch(benchmark, case, dtype):
+    bench_ragged(benchmark, case, dtype, "torch")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("path", ["gram", "fused", "stepwise"])
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_triton_batch(benchmark, monkeypatch, case, path, dtype):
+    cuda_torch()
+    pytest.importorskip("triton")
+    from gemkernels.backends import triton_backend
+
+    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path=path))
+    benchmark.extra_info["path"] = path
+    bench_ragged(benchmark, case, dtype, "triton")
