@@ -22,7 +22,7 @@ from test_gem import synthetic_history  # noqa: E402
 from gemkernels import GEM  # noqa: E402
 from gemkernels.encoders import CachedEncoder, HashEncoder  # noqa: E402
 
-from .timing import compare, fmt_seconds  # noqa: E402
+from gemkernels.bench_timing import compare, fmt_seconds  # noqa: E402
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ c. CUDA only: each triton path (gram, fused, stepwise) against the torch backend
    n=256, d=1024, b=16 in fp32 and bf16, and the time to read X once at the measured
    device-to-device copy bandwidth. Skipped, with a note, without a GPU.
 
-Contenders of one measurement are timed in interleaved rounds (`bench.timing.compare`), so the
+Contenders of one measurement are timed in interleaved rounds (`gemkernels.bench_timing.compare`), so the
 ratios hold up on a noisy machine. Every row is printed as markdown and appended as one JSON
 line (config, medians, ratios, versions, git commit, CPU, date) to DIR/results.jsonl.
 """
