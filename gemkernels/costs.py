@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 Tokens = tuple[int, ...]
@@ -21,8 +22,9 @@ Encode = Callable[[str], Sequence[int]]
 CACHED_PRICE = 0.1
 
 
+@cache
 def o200k_encode() -> Encode:
-    """The o200k_base ``encode_ordinary`` of ``bpe-openai`` (offline); ImportError with the extra to install."""
+    """The o200k_base ``encode_ordinary`` of ``bpe-openai`` (offline, built once); ImportError naming the extra."""
     try:
         import bpe_openai
     except ImportError as err:
@@ -39,8 +41,8 @@ class TokenCache:
     """Token ids of texts and messages; each distinct text is tokenised once.
 
     Messages are also remembered by identity (a reference is kept, so an id is never reused
-    while cached): a message object seen before is neither serialised nor tokenised again.
-    One cache per run keeps memory bounded by the run.
+    while cached): a message object seen before is neither serialised nor tokenised again, so a
+    message must not be mutated once counted. One cache per run keeps memory bounded by the run.
     """
 
     def __init__(self, encode: Encode | None = None):

@@ -51,7 +51,7 @@ class PolicyOptions:
 
     window: int = 10
     mask_after: int = 5
-    encoder: str = "hash"
+    encoder: str = "minilm"
 
     def __post_init__(self) -> None:
         if self.window < 0 or self.mask_after < 0:

@@ -1,0 +1,188 @@
+"""Online replay: policies (full, window, masking, GEM), per-call accounting on a hand-built run, reports and CLI."""
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from gemkernels import GEM
+from gemkernels.blocks import parse_history
+from gemkernels.costs import CallCost, Totals
+from gemkernels.encoders import CachedEncoder, HashEncoder
+from gemkernels.loaders import Run, checkpoints
+from gemkernels.online_policies import POLICIES, GEMPolicy, Masking, PolicyOptions, Window
+from gemkernels.online_replay import add_parser, markdown, pooled, relative, replay_run, replay_runs, report, run
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+OPTIONS = PolicyOptions(window=1, mask_after=1, encoder="hash")
+ENCODER = CachedEncoder(HashEncoder(64))
+
+
+def encoder_by_name(name: str) -> CachedEncoder:
+    """Every GEM policy of a test replay shares one small hash encoder."""
+    return ENCODER
+
+
+def block(b: int, output: str) -> list[dict]:
+    call_id = f"c{b}"
+    return [{"role": "assistant", "content": "a",
+             "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "bash", "arguments": "x"}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": output}]
+
+
+def three_call_run() -> Run:
+    """system, task, two blocks and a last assistant turn: three calls (before each assistant message)."""
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"},
+                *block(1, "out one"), *block(2, "out two"), {"role": "assistant", "content": "done"}]
+    return Run("three", "openai", messages, "task", "<memory>")
+
+
+def test_three_calls_by_hand():
+    # Whitespace tokens of the JSON: system 4, task 4, assistant 14, tool 7 (masked tool 7 too).
+    replay = replay_run(three_call_run(), ["full", "window", "masking"], OPTIONS, encoder_by_name, encode=str.split)
+    assert replay.calls["full"] == [CallCost(8, 0), CallCost(29, 8), CallCost(50, 29)]
+    # window(1), third call: [sys, task, block 2]; block 2's assistant shares its first 6 tokens (up to "c1"/"c2").
+    assert replay.calls["window"] == [CallCost(8, 0), CallCost(29, 8), CallCost(29, 8 + 6, prefix_broken=True)]
+    # masking(1), third call: block 1's output masked; the tool message keeps its first 5 tokens.
+    assert replay.calls["masking"] == [CallCost(8, 0), CallCost(29, 8), CallCost(50, 8 + 14 + 5, prefix_broken=True)]
+    totals = replay.totals()
+    assert totals["full"] == Totals(3, 87, 37, 0, 0)
+    assert totals["full"].price() == pytest.approx(3.7 + 50)
+    assert totals["window"].price() == pytest.approx(2.2 + 44)
+    assert totals["masking"].price() == pytest.approx(3.5 + 52)
+    rel = relative(totals, 0.1)
+    assert rel["full"] == {"tokens": 1.0, "price": 1.0, "cached_fraction": pytest.approx(37 / 87), "embedding": 0.0,
+                           "combined": 1.0}
+    assert rel["window"]["tokens"] == pytest.approx(66 / 87)
+    assert rel["window"]["price"] == pytest.approx(46.2 / 53.7)
+    assert rel["masking"]["price"] == pytest.approx(55.5 / 53.7)
+
+
+def synthetic(num_blocks: int, plain_turn_at: int | None = None) -> list[dict]:
+    messages = [{"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "Fix the failing test in models.py"}]
+    for b in range(num_blocks):
+        if b == plain_turn_at:
+            messages.append({"role": "user", "content": "Also keep the docs in sync."})
+        messages += block(b, f"output {b}: " + " ".join(f"w{(b * 7 + i) % 50}" for i in range(40)))
+    return messages
+
+
+def call_ids(messages: list[dict]) -> list[str]:
+    return [call["id"] for m in messages for call in m.get("tool_calls") or []]
+
+
+def test_window_keeps_the_prefix_plain_turns_and_the_last_k_blocks():
+    messages = synthetic(20, plain_turn_at=5)
+    out = Window(3)(messages).messages
+    assert call_ids(out) == ["c17", "c18", "c19"]
+    non_block = [m for m in messages if m["role"] in ("system", "user")]
+    assert [m for m in out if m["role"] in ("system", "user")] == non_block
+    assert all(any(m is original for original in messages) for m in out)  # the caller's own objects
+    parse_history(out)
+    assert Window(30)(messages).messages == messages
+    assert call_ids(Window(0)(messages).messages) == []
+
+
+@pytest.mark.parametrize("keep", [0, 2, 5, 40])
+def test_masking_never_mutates_and_keeps_tool_pairing(keep):
+    messages = synthetic(12)
+    before = copy.deepcopy(messages)
+    out = Masking(keep)(messages).messages
+    assert messages == before
+    parse_history(out)
+    assert call_ids(out) == call_ids(messages) and len(out) == len(messages)
+    masked = [i for i, (a, b) in enumerate(zip(messages, out)) if a is not b]
+    tools = [i for i, m in enumerate(messages) if m["role"] == "tool"]
+    assert masked == tools[:max(0, len(tools) - keep)]
+    for i in masked:
+        assert out[i] == {**messages[i], "content": "[output omitted]"}
+
+
+def test_masking_anthropic_tool_results():
+    messages = [{"role": "user", "content": "task"}]
+    for b in range(3):
+        messages += [{"role": "assistant", "content": [{"type": "text", "text": "look"},
+                                                        {"type": "tool_use", "id": f"t{b}", "name": "bash",
+                                                         "input": {"command": "ls"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{b}",
+                                                   "content": f"files {b}"}]}]
+    before = copy.deepcopy(messages)
+    out = Masking(1, placeholder="[gone]")(messages).messages
+    assert messages == before
+    parse_history(out)
+    assert [m["content"][0]["content"] for m in out[2::2]] == ["[gone]", "[gone]", "files 2"]
+    assert out[2]["content"][0]["tool_use_id"] == "t0"
+
+
+def test_gem_policy_equals_calling_gem_directly():
+    messages = synthetic(40)
+    policy = GEMPolicy("balanced", ENCODER, "s1", "Fix the failing test")
+    gem = GEM("balanced", encoder=ENCODER, token_counter=None)
+    embedded: list[str] = []
+    for position in checkpoints(messages):
+        forwarded = policy(messages[:position])
+        direct = gem.compress(messages[:position], session_id="s1", goal="Fix the failing test").messages
+        assert forwarded.messages == direct
+        embedded += forwarded.embedded
+    assert len(embedded) == len(set(embedded)) == 39 + 1   # blocks seen at calls with >= 16 blocks, and the goal
+    assert "Fix the failing test" in embedded
+
+
+def test_replay_is_deterministic_in_and_across_processes():
+    messages = synthetic(30)
+    runs = [Run(f"r{i}", "openai", messages[:len(messages) - 6 * i], "Fix it", "<memory>") for i in range(3)]
+    names = list(POLICIES)
+    first = [replay_run(r, names, OPTIONS, encoder_by_name) for r in runs]
+    assert first == [replay_run(r, names, OPTIONS, encoder_by_name) for r in runs]
+    (parallel, errors), (serial, _) = (replay_runs(runs, names, OPTIONS, workers=w, progress=False) for w in (2, 1))
+    assert not errors and parallel == serial
+    assert [p.totals() for p in parallel] == [f.totals() for f in first]
+
+
+def test_gem_presets_cost_embedding_tokens_only_past_16_blocks():
+    short, long = (Run(name, "openai", synthetic(n), "Fix it", "<memory>") for name, n in (("s", 10), ("l", 25)))
+    for r, expect_embedding in ((short, False), (long, True)):
+        totals = replay_run(r, ["full", "gem-paper"], OPTIONS, encoder_by_name).totals()
+        assert (totals["gem-paper"].embedding > 0) == expect_embedding
+        assert totals["full"].embedding == 0
+
+
+def test_report_and_table_pool_runs_by_format():
+    replays = [replay_run(three_call_run(), ["full", "window"], OPTIONS, encoder_by_name, encode=str.split)] * 2
+    groups = pooled(replays)
+    assert set(groups) == {"all", "openai"}
+    assert groups["all"]["full"] == Totals(6, 174, 74, 0, 0)
+    table = markdown(groups, {"all": 2, "openai": 2}, OPTIONS, 0.1)
+    assert "| window(1) | 132 | 0.759 | 0.860 |" in table
+    data = json.loads(json.dumps(report(replays, OPTIONS, 0.1)))
+    assert data["pooled"]["all"]["window"]["relative"]["tokens"] == pytest.approx(66 / 87)
+    assert data["runs"][0]["calls"]["window"][2] == [29, 14, 0, 1]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_cli_writes_table_json_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code = run(parse(["online", str(FIXTURES), "--encoder", "hash", "--policies", "window,gem-paper",
+                      "--window", "2", "--out", str(tmp_path)]))
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "| full |" in table and "| window(2) |" in table and "| gem-paper |" in table
+    assert (tmp_path / "online.md").read_text().strip() == table.strip()
+    data = json.loads((tmp_path / "online.json").read_text())
+    assert data["pooled"]["all"]["full"]["relative"]["tokens"] == 1.0 and len(data["runs"]) == 9
+    assert (tmp_path / "online.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv", [["--policies", "nope"], ["--window", "-1"], ["--price-cached", "-0.1"],
+                                  ["--workers", "0"], ["--encoder", "nope"]])
+def test_cli_rejects_bad_options(argv, capsys):
+    assert run(parse(["online", str(FIXTURES), *argv])) == 2
+    assert "gem online" in capsys.readouterr().err
