@@ -146,7 +146,13 @@ class GEM:
                             np.ones(n, dtype=bool), cfg.evidence)
         seeds = sorted({b for picks in protected.values() for b in picks})
 
-        reason = reselection_reason(state, keys, goal_text, cfg.reselect_every)
+        reason = reselection_reason(state, keys, goal_text, cfg)
+        appended: set[int] = set()
+        if reason is None:
+            seen = len(state.block_keys)
+            appended = {b for b in range(seen) if keys[b] in state.forwarded} | set(range(seen, n)) | set(seeds)
+            if cfg.rewrite_above_blocks is not None and len(appended) > cfg.rewrite_above_blocks:
+                reason = f"{len(appended)} forwarded blocks would pass the budget of {cfg.rewrite_above_blocks}"
         select_started = time.perf_counter()
         core: list[int] = []
         coverage = None
@@ -161,10 +167,9 @@ class GEM:
             forwarded = set(range(n)) - dropped
             action, selected_at = RESELECTED, n
         else:
-            seen = len(state.block_keys)
-            forwarded = {b for b in range(seen) if keys[b] in state.forwarded} | set(range(seen, n)) | set(seeds)
+            forwarded = appended
             action, selected_at = APPENDED, state.blocks_at_selection
-            reason = f"{n - seen} new blocks appended to the saved forwarded set"
+            reason = f"{n - len(state.block_keys)} new blocks appended to the saved forwarded set"
         select_seconds = time.perf_counter() - select_started
 
         out = reconstruct(history, forwarded)
@@ -248,11 +253,12 @@ def prefix_session_id(history: History) -> str:
     return "prefix-" + hashlib.sha256(prefix.encode()).hexdigest()[:16]
 
 
-def reselection_reason(state: SessionState | None, keys: tuple[str, ...], goal: str, every: int) -> str | None:
+def reselection_reason(state: SessionState | None, keys: tuple[str, ...], goal: str, cfg: GEMConfig) -> str | None:
     """Why this request needs a global selection, or None to append to the saved forwarded set."""
+    every = cfg.reselect_every
     if state is None:
         return "first eligible request of the session"
-    if goal != state.goal:
+    if goal != state.goal and cfg.reselect_on_goal_change:
         return "goal changed"
     if keys[:len(state.block_keys)] != state.block_keys:
         return "history is not an extension of the last request"

@@ -52,10 +52,14 @@ class PolicyOptions:
     window: int = 10
     mask_after: int = 5
     encoder: str = "minilm"
+    amortized_budget: int = 40
+    amortized_keep: int = 20
 
     def __post_init__(self) -> None:
         if self.window < 0 or self.mask_after < 0:
             raise ValueError(f"window and mask_after must be >= 0, got {self.window}, {self.mask_after}")
+        if not 0 <= self.amortized_keep < self.amortized_budget:
+            raise ValueError("amortized_keep must lie in [0, amortized_budget)")
 
 
 class FullHistory:
@@ -75,6 +79,23 @@ class Window:
         history = parse_history(messages)
         n = len(history.spans)
         return Forwarded(reconstruct(history, set(range(max(0, n - self.k), n))))
+
+
+class AmortizedForgetting:
+    """Recency with a budget: all blocks until more than ``budget`` are forwarded, then only the newest
+    ``keep``; append until the budget is passed again (one rewrite per ``budget - keep`` new blocks)."""
+
+    def __init__(self, budget: int, keep: int):
+        if not 0 <= keep < budget:
+            raise ValueError(f"need 0 <= keep < budget, got keep={keep}, budget={budget}")
+        self.budget, self.keep, self.first = budget, keep, 0
+
+    def __call__(self, messages: Messages) -> Forwarded:
+        history = parse_history(messages)
+        n = len(history.spans)
+        if n - self.first > self.budget:
+            self.first = n - self.keep
+        return Forwarded(reconstruct(history, set(range(self.first, n))))
 
 
 class Masking:
@@ -149,6 +170,7 @@ POLICIES: dict[str, PolicyBuilder] = {
     "full": lambda run, options, encoder: FullHistory(),
     "masking": lambda run, options, encoder: Masking(options.mask_after),
     "window": lambda run, options, encoder: Window(options.window),
+    "amortized": lambda run, options, encoder: AmortizedForgetting(options.amortized_budget, options.amortized_keep),
     **{f"gem-{preset}": partial(gem_policy, preset) for preset in PRESETS},
 }
 
@@ -159,4 +181,6 @@ def policy_label(name: str, options: PolicyOptions) -> str:
         return f"window({options.window})"
     if name == "masking":
         return f"masking({options.mask_after})"
+    if name == "amortized":
+        return f"amortized({options.amortized_budget}->{options.amortized_keep})"
     return name

@@ -8,7 +8,8 @@ previous request), and the embedding tokens the policy caused. Totals per run an
 markdown table, JSON and a PNG (tokens against price per policy).
 
     gem online PATH... [--policies full,masking,window,gem-paper,...] [--price-cached 0.1]
-        [--window 10] [--mask-after 5] [--encoder minilm|hash] [--out DIR] [--workers N]
+        [--window 10] [--mask-after 5] [--amortized-budget 40 --amortized-keep 20] [--encoder minilm|hash]
+        [--out DIR] [--workers N]
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from .loaders import Run, checkpoints, load_runs
 from .online_policies import POLICIES, PolicyOptions, policy_label
 
 BASELINE = "full"
-DEFAULT_POLICIES = ("full", "masking", "window", "gem-paper", "gem-balanced", "gem-core")
+DEFAULT_POLICIES = ("full", "masking", "window", "amortized", "gem-paper", "gem-balanced", "gem-core",
+                    "gem-cache-aware")
 ALL_RUNS = "all"
 
 
@@ -217,6 +219,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--window", type=int, default=PolicyOptions.window, help="K of window (default %(default)s)")
     parser.add_argument("--mask-after", type=int, default=PolicyOptions.mask_after,
                         help="masking keeps the tool outputs of this many last blocks (default %(default)s)")
+    parser.add_argument("--amortized-budget", type=int, default=PolicyOptions.amortized_budget,
+                        help="amortized forgetting: rewrite once more than this many blocks are forwarded "
+                             "(default %(default)s)")
+    parser.add_argument("--amortized-keep", type=int, default=PolicyOptions.amortized_keep,
+                        help="amortized forgetting: the newest blocks kept at a rewrite (default %(default)s)")
     parser.add_argument("--encoder", default=PolicyOptions.encoder,
                         help="GEM's encoder: minilm, hash, hash-<dim>, openai:<model>[:<dimensions>] "
                              "(default %(default)s)")
@@ -230,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
     names = [BASELINE] + [p for p in dict.fromkeys(args.policies.split(",")) if p and p != BASELINE]
     try:
         check_policies(names)
-        options = PolicyOptions(args.window, args.mask_after, args.encoder)
+        options = PolicyOptions(args.window, args.mask_after, args.encoder, args.amortized_budget,
+                                args.amortized_keep)
         if args.price_cached < 0 or args.workers < 1:
             raise ValueError(f"--price-cached must be >= 0 and --workers >= 1, got {args.price_cached}, {args.workers}")
         o200k_encode()
