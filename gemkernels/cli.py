@@ -3,6 +3,8 @@
 ``gem compress FILE|-``: run GEM on a chat request, a messages list or a recorded agent run
 (cut at ``--step N``), print what it kept and why, and write the forwarded request with ``-o``.
 ``gem bench``: the selection throughput sweep (`gemkernels.benchmark`).
+``gem replay PATH...``: checkpoint replay with the paper's retention metrics, baseline selectors and
+K / tau sweeps (`gemkernels.replay`).
 ``gem online PATH...``: replay recorded runs call by call and count forwarded, cached and priced
 tokens per policy (`gemkernels.online_replay`).
 """
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import benchmark, online_replay
+from . import benchmark, online_replay, replay
 from .config import PRESETS
 from .gem import GEM, CompressionStats
 from .loaders import checkpoints, read_runs
@@ -133,12 +135,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     comp.add_argument("-v", "--verbose", action="store_true", help="list every block with why it was kept")
     benchmark.add_parser(commands)
     online_replay.add_parser(commands)
+    replay.add_parser(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     if args.command == "bench":
         return benchmark.run(args)
     if args.command == "online":
         return online_replay.run(args)
+    if args.command == "replay":
+        return replay.run(args)
     return run_compress(args)
 
 

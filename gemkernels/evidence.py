@@ -156,6 +156,17 @@ def protect(features: Sequence[BlockFeatures], embeddings: Any, task_embedding: 
     }
 
 
+def evidence_picks(features: Sequence[BlockFeatures], embeddings: np.ndarray, task_embedding: Any,
+                   config: EvidenceConfig) -> dict[str, list[int]]:
+    """`protect` over every block with GEM's state query: the normalised sum of the recent window's mean
+    embedding and the task embedding."""
+    recent = embeddings[-config.recent:] if config.recent else embeddings[-1:]
+    query = recent.mean(axis=0) + (task_embedding if task_embedding is not None else 0)
+    norm = float(np.linalg.norm(query))
+    state_query = query / norm if norm > 0 else None
+    return protect(features, embeddings, task_embedding, state_query, np.ones(len(features), dtype=bool), config)
+
+
 def rank(scores: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """Positions ordered by score, highest first; equal scores: larger index (more recent) first."""
     return np.lexsort((-np.asarray(indices), -np.asarray(scores)))

@@ -22,8 +22,8 @@ from .api import select
 from .arrays import to_numpy
 from .blocks import BlockStructureError, History, Span, parse_history, reconstruct
 from .config import GEMConfig, resolve_config
-from .encoders import Encoder, make_encoder, normalise_rows
-from .evidence import BlockFeatures, block_features, protect
+from .encoders import Encoder, make_encoder
+from .evidence import BlockFeatures, block_features, evidence_picks
 from .guard import guarded_removals
 from .representation import block_text
 from .sessions import SessionState, SessionStore
@@ -139,11 +139,7 @@ class GEM:
         task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
         encode_seconds = time.perf_counter() - encode_started
 
-        recent = embeddings[-cfg.evidence.recent:] if cfg.evidence.recent else embeddings[-1:]
-        query = recent.mean(axis=0) + (task_embedding if task_embedding is not None else 0)
-        state_query = normalise_rows(query[None, :])[0]
-        protected = protect([info.features for info in infos], embeddings, task_embedding, state_query,
-                            np.ones(n, dtype=bool), cfg.evidence)
+        protected = evidence_picks([info.features for info in infos], embeddings, task_embedding, cfg.evidence)
         seeds = sorted({b for picks in protected.values() for b in picks})
 
         reason = reselection_reason(state, keys, goal_text, cfg)

@@ -1,0 +1,104 @@
+"""Checkpoint replay: the embedding disk cache, what a checkpoint holds, determinism, and the report end to end."""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemkernels.blocks import parse_history
+from gemkernels.encoders import HashEncoder
+from gemkernels.loaders import load_runs
+from gemkernels.replay import EmbeddingCache, Plan, action_text, add_parser, prepare, replay
+from gemkernels.representation import block_text
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+class CountingEncoder(HashEncoder):
+    def __init__(self):
+        super().__init__(32)
+        self.seen = []
+
+    def encode(self, texts):
+        self.seen.extend(texts)
+        return super().encode(texts)
+
+
+def test_cache_encodes_each_text_once_across_instances(tmp_path):
+    inner = CountingEncoder()
+    cache = EmbeddingCache(inner, tmp_path, shard_size=2)
+    first = cache.encode(["a", "b", "a", "c"])
+    assert inner.seen == ["a", "b", "c"] and len(list((tmp_path / "hash-32").glob("*.npz"))) == 2
+    again = EmbeddingCache(CountingEncoder(), tmp_path)
+    np.testing.assert_array_equal(again.encode(["c", "a"]), first[[3, 0]])
+    assert again.encoder.seen == [] and again.fill(["a", "d"]) == 1
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    runs, errors = load_runs(FIXTURES)
+    assert not errors
+    return runs, prepare(runs, EmbeddingCache(HashEncoder(64), tmp_path_factory.mktemp("cache")), 2, progress=False)
+
+
+def test_checkpoints_hold_the_history_before_the_next_action(jobs):
+    runs, prepared = jobs
+    by_name = {run.name: run for run in runs}
+    encoder = HashEncoder(64)
+    for job in prepared:
+        run = by_name[job.name]
+        history = parse_history(run.messages)
+        assert job.checkpoints == tuple(range(2, len(history.spans)))
+        for c, t in enumerate(job.checkpoints):  # the history a selector sees is the request before block t
+            assert parse_history(run.messages[:history.spans[t].start]).spans == history.spans[:t]
+            target = action_text(job.blocks[t])
+            assert "OBSERVATION" not in target
+            np.testing.assert_allclose(job.actions[c], encoder.encode([target])[0], atol=1e-6)
+        np.testing.assert_allclose(job.embeddings, encoder.encode([block_text(b) for b in job.blocks]), atol=1e-6)
+    no_goal = next(job for job in prepared if job.name == "swe_agent_trajectory")
+    assert np.isnan(no_goal.goals).all()
+
+
+def test_replay_is_deterministic_for_a_seed(jobs):
+    _, prepared = jobs
+    plan = Plan(("gem", "random", "random_completion"), (1, 2), (0.9,), 2, seed=3)
+    first, second = replay(prepared, plan, 1, False), replay(prepared, plan, 2, False)
+    other = replay(prepared, Plan(plan.selectors, plan.ks, plan.taus, plan.k, seed=4), 1, False)
+    assert flat(first) == flat(second) and flat(first) != flat(other)
+
+
+def flat(results):
+    """Replay rows as comparable tuples (nan as -1)."""
+    return [(name, *row[:4], np.nan_to_num(row[4], nan=-1).tolist()) for name, rows in results.items() for row in rows]
+
+
+def test_replay_command_writes_tables_json_and_plots(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    out = tmp_path / "out"
+    args = parser.parse_args(["replay", str(FIXTURES), "--encoder", "hash", "--k", "2", "--min-blocks", "2",
+                              "--sweep", "k", "tau", "--ks", "1-3", "--taus", "0.5,0.9", "--out", str(out),
+                              "--cache-dir", str(tmp_path / "cache"), "--quiet"])
+    assert args.func(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["k_sweep.png", "replay.json", "replay.md", "tau_sweep.png"]
+    summary = json.loads((out / "replay.json").read_text())
+    assert summary["runs"] == 8 and set(summary["same_k"]["selectors"]) == set(args.selectors)
+    gem = summary["same_k"]["selectors"]["gem"]
+    assert gem["checkpoints"] == 3 and 0 <= gem["pooled"]["top3"] <= 1
+    assert summary["k_sweep"]["selectors"]["recent"]["3"]["checkpoints"] == 1  # only t = 4 exceeds every K
+    assert set(summary["tau_sweep"]["variants"]) == {"gem", "gem_uncapped"}
+    report = (out / "replay.md").read_text()
+    for heading in ("Selectors at the same retained count K=2", "Exact retained-count sweep",
+                    "Coverage-threshold sweep"):
+        assert heading in report
+    assert "| GEM |" in report and report in capsys.readouterr().out
+
+
+def test_runs_sharing_a_name_are_told_apart_by_path(tmp_path):
+    copy = tmp_path / "swe_agent_fc.traj"
+    copy.write_bytes((FIXTURES / "swe_agent_fc.traj").read_bytes())
+    runs, _ = load_runs([FIXTURES / "swe_agent_fc.traj", copy])
+    prepared = prepare(runs, EmbeddingCache(HashEncoder(16), tmp_path / "cache"), 2, progress=False)
+    assert [job.name for job in prepared] == [f"{run.path}:swe_agent_fc" for run in runs]
