@@ -5,6 +5,8 @@
 ``gem bench``: the selection throughput sweep (`gemkernels.benchmark`).
 ``gem replay PATH...``: checkpoint replay with the paper's retention metrics, baseline selectors and
 K / tau sweeps (`gemkernels.replay`).
+``gem analyze PATH...``: spectral concentration with matched controls, low-energy action share and
+controlled replacement (`gemkernels.analysis`).
 ``gem online PATH...``: replay recorded runs call by call and count forwarded, cached and priced
 tokens per policy (`gemkernels.online_replay`).
 """
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import benchmark, online_replay, replay
+from . import analyze_cli, benchmark, online_replay, replay
 from .config import PRESETS
 from .gem import GEM, CompressionStats
 from .loaders import checkpoints, read_runs
@@ -136,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     benchmark.add_parser(commands)
     online_replay.add_parser(commands)
     replay.add_parser(commands)
+    analyze_cli.add_parser(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     if args.command == "bench":
@@ -144,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return online_replay.run(args)
     if args.command == "replay":
         return replay.run(args)
+    if args.command == "analyze":
+        return analyze_cli.run(args)
     return run_compress(args)
 
 
