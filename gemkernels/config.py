@@ -4,7 +4,9 @@
 0.05) removes at most 5% of a request, so it saves little per run; ``balanced`` and
 ``core`` let a rewrite go deeper (keep >= 50% of the characters, or only the selected
 core and evidence) at the price of forwarding less of the history. ``cache-aware`` rewrites
-rarely and deeply (a block budget) and appends in between, so the provider's prompt cache holds.
+rarely and deeply and appends in between, so the provider's prompt cache holds: a rewrite happens
+when the forwarded context passes a budget (blocks or tokens) or when a cost model says the saving
+over the expected remaining calls repays the one-time cache miss.
 """
 
 from __future__ import annotations
@@ -22,7 +24,20 @@ class GEMConfig:
     Online policy: nothing below ``min_blocks``; a global selection at a session's first eligible
     request, on a goal change (if ``reselect_on_goal_change``), when the history is not an extension
     of the last one, after ``reselect_every`` new blocks, or when appending would forward more than
-    ``rewrite_above_blocks`` blocks (None: no budget); otherwise append."""
+    ``rewrite_above_blocks`` blocks or ``rewrite_above_tokens`` tokens (None: no budget); otherwise append.
+
+    Budgeted (any of the two budgets or ``repay_factor`` set): the session starts from the full history
+    (no selection at the first eligible request), appends only new blocks between rewrites (evidence
+    that becomes protected waits for the next rewrite, so the previous request stays a prefix), and
+    rewrites when a budget is passed or when the cost model repays it: with F the tokens of the blocks
+    appending would forward, K those a rewrite keeps, M the kept tokens from the first changed block on
+    (re-sent uncached once) and R = ``repay_factor`` x blocks so far (the expected remaining calls),
+    rewrite if ``cached_price * (F - K) * (R + 1) > (1 - cached_price) * M``. ``cached_price`` is the
+    provider's price of a cached input token relative to an uncached one (0.1: Anthropic's cache reads).
+    ``keep_recent_size``: a rewrite keeps GEM's picks (protected first, then residual completion order)
+    while their tokens fit those of the newest ``k`` blocks (the size amortized forgetting keeps;
+    protected blocks are kept even past it), instead of at most ``k`` blocks. Tokens are the GEM's
+    token counter's, or serialised characters / 4 without one."""
 
     tau: float = 0.90
     k: int = 16
@@ -31,6 +46,10 @@ class GEMConfig:
     reselect_every: int = 256
     reselect_on_goal_change: bool = True
     rewrite_above_blocks: int | None = None
+    rewrite_above_tokens: int | None = None
+    repay_factor: float | None = None
+    cached_price: float = 0.1
+    keep_recent_size: bool = False
     delta: float = 0.05
     max_text_chars: int = 12_000
     backend: str = "auto"
@@ -47,17 +66,31 @@ class GEMConfig:
         if self.rewrite_above_blocks is not None and self.rewrite_above_blocks <= self.k:
             raise ValueError(f"rewrite_above_blocks ({self.rewrite_above_blocks}) must exceed k ({self.k}), "
                              "or every append would rewrite")
+        if self.rewrite_above_tokens is not None and self.rewrite_above_tokens < 1:
+            raise ValueError(f"rewrite_above_tokens must be positive, got {self.rewrite_above_tokens}")
+        if self.repay_factor is not None and self.repay_factor <= 0:
+            raise ValueError(f"repay_factor must be positive, got {self.repay_factor}")
+        if not 0 <= self.cached_price <= 1:
+            raise ValueError(f"cached_price must lie in [0, 1], got {self.cached_price}")
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether rewrites are triggered by a budget or the cost model (append-only in between)."""
+        return (self.rewrite_above_blocks is not None or self.rewrite_above_tokens is not None
+                or self.repay_factor is not None)
 
 
 PRESETS: dict[str, GEMConfig] = {
     "paper": GEMConfig(),
     "balanced": GEMConfig(delta=0.5),
     "core": GEMConfig(delta=1.0),
-    # Amortized and evidence-aware: forward everything up to 40 blocks, then rewrite deeply to the
-    # 20 blocks GEM selects (evidence first, then residual completion), append until the forwarded
-    # context passes 40 blocks again. Goal changes wait for the next rewrite (a rewrite breaks the cache).
-    "cache-aware": GEMConfig(k=20, tau=1.0, delta=1.0, min_blocks=41, rewrite_above_blocks=40,
-                             reselect_on_goal_change=False),
+    # Amortized and evidence-aware: forward everything, rewrite when the cost model says the dropped tokens
+    # repay the cache miss (expected remaining calls: 0.2 x blocks so far, cached tokens at 0.1) or when
+    # more than 40 blocks would be forwarded; a rewrite keeps what GEM selects (evidence first, then
+    # residual completion to 95% coverage) within the tokens of the newest 20 blocks, then appends only.
+    # Goal changes wait for the next rewrite (a rewrite breaks the cache). Measured in docs/cache_aware.md.
+    "cache-aware": GEMConfig(k=20, tau=0.95, delta=1.0, min_blocks=16, rewrite_above_blocks=40, repay_factor=0.2,
+                             cached_price=0.1, keep_recent_size=True, reselect_on_goal_change=False),
 }
 
 

@@ -143,29 +143,28 @@ class GEM:
         seeds = sorted({b for picks in protected.values() for b in picks})
 
         reason = reselection_reason(state, keys, goal_text, cfg)
+        sizes = [block_tokens(info) for info in infos]
         appended: set[int] = set()
         if reason is None:
-            seen = len(state.block_keys)
-            appended = {b for b in range(seen) if keys[b] in state.forwarded} | set(range(seen, n)) | set(seeds)
-            if cfg.rewrite_above_blocks is not None and len(appended) > cfg.rewrite_above_blocks:
-                reason = f"{len(appended)} forwarded blocks would pass the budget of {cfg.rewrite_above_blocks}"
+            seen = len(state.block_keys) if state is not None else n
+            before = set(range(n)) if state is None else {b for b in range(seen) if keys[b] in state.forwarded}
+            appended = before | set(range(seen, n)) | (set() if cfg.budgeted else set(seeds))
+            reason = budget_reason(appended, sizes, cfg)
         select_started = time.perf_counter()
+        rewrite: tuple[set[int], list[int], float] | None = None
+        if reason is None and cfg.repay_factor is not None:
+            rewrite = self._rewrite(history, infos, embeddings, seeds, sizes)
+            reason = repay_reason(appended, rewrite[0], sizes, cfg)
         core: list[int] = []
         coverage = None
         if reason is not None:
-            sel = select(embeddings, protected=seeds, tau=cfg.tau, k=cfg.k, eps=cfg.eps, backend=cfg.backend)
-            core = to_numpy(sel.indices).tolist()
-            coverage = sel.coverage
-            total = request_chars(messages, history, infos)
-            in_core = set(core)
-            removable = [b for b in range(n) if b not in in_core]
-            dropped = set(guarded_removals([info.chars for info in infos], removable, total, cfg.delta))
-            forwarded = set(range(n)) - dropped
+            forwarded, core, coverage = rewrite or self._rewrite(history, infos, embeddings, seeds, sizes)
             action, selected_at = RESELECTED, n
         else:
-            forwarded = appended
-            action, selected_at = APPENDED, state.blocks_at_selection
-            reason = f"{n - len(state.block_keys)} new blocks appended to the saved forwarded set"
+            forwarded, action = appended, APPENDED
+            selected_at = state.blocks_at_selection if state is not None else 0
+            new = n - (len(state.block_keys) if state is not None else 0)
+            reason = f"{new} new blocks appended to the saved forwarded set"
         select_seconds = time.perf_counter() - select_started
 
         out = reconstruct(history, forwarded)
@@ -189,6 +188,30 @@ class GEM:
                      "total": time.perf_counter() - started},
         )
         return Compressed(out, stats)
+
+    def _rewrite(self, history: History, infos: Sequence[BlockInfo], embeddings: np.ndarray, seeds: list[int],
+                 sizes: Sequence[int]) -> tuple[set[int], list[int], float]:
+        """A global selection: (blocks to forward, selected core, its coverage). The core is the protected
+        seeds plus residual completion, up to ``k`` blocks or, with ``keep_recent_size``, while its tokens fit
+        those of the newest ``k`` blocks; the forwarding guard then drops blocks outside it, larger first."""
+        cfg, n = self.config, len(sizes)
+        if cfg.keep_recent_size:
+            sel = select(embeddings, protected=seeds, tau=cfg.tau, k=n, eps=cfg.eps, backend=cfg.backend)
+            order = to_numpy(sel.indices).tolist()
+            core = order[:sel.num_protected]
+            room = sum(sizes[max(0, n - cfg.k):]) - sum(sizes[b] for b in core)
+            for b in order[sel.num_protected:]:
+                if sizes[b] <= room:
+                    core.append(b)
+                    room -= sizes[b]
+        else:
+            sel = select(embeddings, protected=seeds, tau=cfg.tau, k=cfg.k, eps=cfg.eps, backend=cfg.backend)
+            core = to_numpy(sel.indices).tolist()
+        in_core = set(core)
+        removable = [b for b in range(n) if b not in in_core]
+        total = request_chars(history.messages, history, infos)
+        dropped = set(guarded_removals([info.chars for info in infos], removable, total, cfg.delta))
+        return set(range(n)) - dropped, core, sel.coverage
 
     def _block_infos(self, history: History, keys: Sequence[str],
                      cache: dict[str, BlockInfo]) -> tuple[list[BlockInfo], int]:
@@ -249,11 +272,45 @@ def prefix_session_id(history: History) -> str:
     return "prefix-" + hashlib.sha256(prefix.encode()).hexdigest()[:16]
 
 
+def block_tokens(info: BlockInfo) -> int:
+    """A block's tokens: counted, or estimated as its serialised characters / 4 without a token counter."""
+    return info.tokens if info.tokens is not None else -(-info.chars // 4)
+
+
+def budget_reason(appended: set[int], sizes: Sequence[int], cfg: GEMConfig) -> str | None:
+    """Why appending would pass a budget (``rewrite_above_blocks`` or ``rewrite_above_tokens``), or None."""
+    if cfg.rewrite_above_blocks is not None and len(appended) > cfg.rewrite_above_blocks:
+        return f"{len(appended)} forwarded blocks would pass the budget of {cfg.rewrite_above_blocks}"
+    tokens = sum(sizes[b] for b in appended)
+    if cfg.rewrite_above_tokens is not None and tokens > cfg.rewrite_above_tokens:
+        return f"{tokens} forwarded block tokens would pass the budget of {cfg.rewrite_above_tokens}"
+    return None
+
+
+def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: GEMConfig) -> str | None:
+    """Why a rewrite to ``kept`` pays for itself under the cost model of `GEMConfig`, or None.
+
+    Saving: the dropped tokens, cached, on this call and the R = ``repay_factor`` x blocks expected
+    remaining calls; cost: the kept tokens from the first changed block on, sent uncached once."""
+    changed = appended ^ kept
+    if not changed or cfg.repay_factor is None:
+        return None
+    first = min(changed)
+    forwarded, kept_tokens = sum(sizes[b] for b in appended), sum(sizes[b] for b in kept)
+    miss = (1 - cfg.cached_price) * sum(sizes[b] for b in kept if b >= first)
+    remaining = cfg.repay_factor * len(sizes)
+    saving = cfg.cached_price * (forwarded - kept_tokens) * (remaining + 1)
+    if saving <= miss:
+        return None
+    return f"rewrite repays: saves {saving:.0f} over {remaining:.0f} expected calls, misses {miss:.0f} once"
+
+
 def reselection_reason(state: SessionState | None, keys: tuple[str, ...], goal: str, cfg: GEMConfig) -> str | None:
-    """Why this request needs a global selection, or None to append to the saved forwarded set."""
+    """Why this request needs a global selection, or None to append to the saved forwarded set (a budgeted
+    session starts from the full history, so its first eligible request appends)."""
     every = cfg.reselect_every
     if state is None:
-        return "first eligible request of the session"
+        return None if cfg.budgeted else "first eligible request of the session"
     if goal != state.goal and cfg.reselect_on_goal_change:
         return "goal changed"
     if keys[:len(state.block_keys)] != state.block_keys:

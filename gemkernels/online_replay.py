@@ -7,15 +7,23 @@ previous request), and the embedding tokens the policy caused. Totals per run an
 (per run format and over all runs) are reported relative to the full history, as a
 markdown table, JSON and a PNG (tokens against price per policy).
 
+Evidence at rewrites: for the policies named in ``evidence`` (default amortized forgetting and
+GEM's cache-aware preset), at every call whose request rewrites the previous one (a prefix
+break), the blocks kept are measured against the newest blocks of the same total o200k size:
+what each retains of the next recorded action's three most similar blocks (Top-3) and of the
+blocks it names (lexical references, `metrics.referenced_blocks`).
+
     gem online PATH... [--policies full,masking,window,gem-paper,...] [--price-cached 0.1]
         [--window 10] [--mask-after 5] [--amortized-budget 40 --amortized-keep 20] [--encoder minilm|hash]
-        [--out DIR] [--workers N]
+        [--evidence-policies amortized,gem-cache-aware] [--out DIR] [--workers N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,15 +34,41 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
+from .blocks import History, parse_history
 from .costs import CACHED_PRICE, CallCost, Encode, TokenCache, Totals, call_cost, o200k_encode
 from .encoders import Encoder, make_encoder
 from .loaders import Run, checkpoints, load_runs
+from .metrics import argument_strings, block_words, nearest, referenced_blocks, references, retained_fraction
 from .online_policies import POLICIES, PolicyOptions, policy_label
+from .replay import EmbeddingCache, action_text
+from .representation import block_text
 
 BASELINE = "full"
 DEFAULT_POLICIES = ("full", "masking", "window", "amortized", "gem-paper", "gem-balanced", "gem-core",
                     "gem-cache-aware")
+EVIDENCE_POLICIES = ("amortized", "gem-cache-aware")
 ALL_RUNS = "all"
+EMBEDDING_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemkernels" / "embeddings"
+
+
+@dataclass(frozen=True)
+class RewriteEvidence:
+    """At one rewrite (call index ``call``, ``blocks`` blocks in the request): the kept blocks against the newest
+    blocks of the same total tokens (at most the kept tokens), and what each retains of the next action's
+    Top-3 blocks and of the blocks it references (None: the action references no earlier block)."""
+
+    call: int
+    blocks: int
+    kept_blocks: int
+    recent_blocks: int
+    kept_tokens: int
+    top3_kept: float
+    top3_recent: float
+    referenced_kept: float | None
+    referenced_recent: float | None
+
+
+EVIDENCE_FIELDS = ("top3_kept", "top3_recent", "referenced_kept", "referenced_recent")
 
 
 @dataclass(frozen=True)
@@ -45,35 +79,89 @@ class RunReplay:
     format: str
     path: str
     calls: dict[str, list[CallCost]]
+    evidence: dict[str, list[RewriteEvidence]]
 
     def totals(self) -> dict[str, Totals]:
         return {policy: Totals.of(costs) for policy, costs in self.calls.items()}
 
 
-# One encoder per name and process: each distinct block text is embedded once for all presets and runs.
-shared_encoder: Callable[[str], Encoder] = cache(make_encoder)
+@cache
+def shared_encoder(name: str) -> Encoder:
+    """One encoder per name and process, so each distinct block text is embedded once for all presets and runs;
+    a model encoder (not ``hash``) also reads and fills the on-disk cache of `gem replay` (``EMBEDDING_CACHE``)."""
+    encoder = make_encoder(name)
+    return encoder if name == "hash" or name.startswith("hash-") else EmbeddingCache(encoder, EMBEDDING_CACHE)
 
 
 def replay_run(run: Run, policies: Sequence[str], options: PolicyOptions,
-               encoder: Callable[[str], Encoder] = shared_encoder, encode: Encode | None = None) -> RunReplay:
+               encoder: Callable[[str], Encoder] = shared_encoder, encode: Encode | None = None,
+               evidence: Sequence[str] = EVIDENCE_POLICIES) -> RunReplay:
     """Replay ``run`` call by call under each named policy (fresh policy objects, one token cache).
 
-    ``encoder`` maps an encoder name to the encoder GEM policies use; ``encode`` is the tokenizer (default o200k).
+    ``encoder`` maps an encoder name to the encoder GEM policies and the evidence metrics use; ``encode`` is the
+    tokenizer (default o200k); the policies in ``evidence`` (those replayed) get `RewriteEvidence` at each rewrite.
     """
     check_policies(policies)
     live = {name: POLICIES[name](run, options, encoder) for name in policies}
     tokens = TokenCache(encode)
     previous: dict[str, list[tuple[int, ...]] | None] = dict.fromkeys(policies)
     calls: dict[str, list[CallCost]] = {name: [] for name in policies}
-    for position in checkpoints(run.messages):
+    measured = [name for name in policies if name in evidence]
+    found: dict[str, list[RewriteEvidence]] = {name: [] for name in measured}
+    whole = parse_history(run.messages) if measured else None
+    for call, position in enumerate(checkpoints(run.messages)):
         request = run.messages[:position]
         for name, policy in live.items():
             forwarded = policy(request)
             current = tokens.request(forwarded.messages)
             embedding = sum(len(tokens.text(text)) for text in forwarded.embedded)
-            calls[name].append(call_cost(previous[name], current, embedding))
+            cost = call_cost(previous[name], current, embedding)
+            calls[name].append(cost)
             previous[name] = current
-    return RunReplay(run.name, run.format, run.path, calls)
+            if name in found and cost.prefix_broken:
+                rewrite = rewrite_evidence(call, whole, request, forwarded.messages, tokens, encoder(options.encoder))
+                if rewrite is not None:
+                    found[name].append(rewrite)
+    return RunReplay(run.name, run.format, run.path, calls, found)
+
+
+def rewrite_evidence(call: int, whole: History, request: Sequence[dict[str, Any]],
+                     forwarded: Sequence[dict[str, Any]], tokens: TokenCache,
+                     encoder: Encoder) -> RewriteEvidence | None:
+    """`RewriteEvidence` for the blocks of ``request`` that ``forwarded`` keeps (the caller's message objects);
+    None when the recorded next turn (the message at ``len(request)`` of the whole run) is not a block."""
+    history = parse_history(request)
+    n = len(history.spans)
+    if n >= len(whole.spans) or whole.spans[n].start != len(request) or n == 0:
+        return None
+    sent = {id(m) for m in forwarded}
+    kept = [b for b, span in enumerate(history.spans) if any(id(request[p]) in sent for p in span.positions)]
+    sizes = [sum(len(tokens.message(request[p])) for p in span.positions) for span in history.spans]
+    kept_tokens = sum(sizes[b] for b in kept)
+    recent: list[int] = []
+    for b in range(n - 1, -1, -1):
+        if sum(sizes[r] for r in recent) + sizes[b] > kept_tokens:
+            break
+        recent.append(b)
+    blocks, action = history.blocks, whole.blocks[n]
+    x = encoder.encode([block_text(block) for block in blocks])
+    near = nearest(x, encoder.encode([action_text(action)])[0], 3).tolist()
+    texts = [block_text(block, sys.maxsize) for block in blocks]
+    refs = references("\n".join(s for a in action.actions for s in argument_strings(a.arguments)))
+    named = referenced_blocks(refs, texts, [block_words(t) for t in texts])
+    return RewriteEvidence(call, n, len(kept), len(recent), kept_tokens,
+                           retained_fraction(near, kept), retained_fraction(near, recent),
+                           retained_fraction(named, kept) if named else None,
+                           retained_fraction(named, recent) if named else None)
+
+
+def evidence_means(rows: Sequence[RewriteEvidence]) -> dict[str, float]:
+    """Means over rewrites of each `EVIDENCE_FIELDS` entry (None entries skipped; nan if none), and ``rewrites``."""
+    out: dict[str, float] = {"rewrites": len(rows)}
+    for field in EVIDENCE_FIELDS:
+        values = [getattr(r, field) for r in rows if getattr(r, field) is not None]
+        out[field] = sum(values) / len(values) if values else math.nan
+    return out
 
 
 def check_policies(names: Iterable[str]) -> None:
@@ -83,19 +171,21 @@ def check_policies(names: Iterable[str]) -> None:
         raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
 
 
-def replay_or_error(run: Run, policies: Sequence[str], options: PolicyOptions) -> RunReplay | tuple[str, str]:
+def replay_or_error(run: Run, policies: Sequence[str], options: PolicyOptions,
+                    evidence: Sequence[str] = EVIDENCE_POLICIES) -> RunReplay | tuple[str, str]:
     """`replay_run`, or (run name, error) so that one failing run does not stop the others."""
     try:
-        return replay_run(run, policies, options)
+        return replay_run(run, policies, options, evidence=evidence)
     except Exception as err:  # reported with the run's name instead of ending the whole replay
         return run.name, f"{type(err).__name__}: {err}"
 
 
 def replay_runs(runs: Sequence[Run], policies: Sequence[str], options: PolicyOptions, workers: int = 1,
-                progress: bool = True) -> tuple[list[RunReplay], list[tuple[str, str]]]:
+                progress: bool = True, evidence: Sequence[str] = EVIDENCE_POLICIES
+                ) -> tuple[list[RunReplay], list[tuple[str, str]]]:
     """Every run replayed, in input order (``workers`` > 1: in that many processes); failures as (name, error)."""
     check_policies(policies)
-    job = partial(replay_or_error, policies=policies, options=options)
+    job = partial(replay_or_error, policies=policies, options=options, evidence=evidence)
     replays: list[RunReplay] = []
     errors: list[tuple[str, str]] = []
     with ProcessPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
@@ -124,6 +214,32 @@ def pooled(replays: Iterable[RunReplay]) -> dict[str, dict[str, Totals]]:
             for policy, totals in replay.totals().items():
                 into[policy] = into.get(policy, Totals()) + totals
     return groups
+
+
+def pooled_evidence(replays: Iterable[RunReplay]) -> dict[str, dict[str, list[RewriteEvidence]]]:
+    """Rewrite evidence per group (``all`` and each run format) and measured policy."""
+    groups: dict[str, dict[str, list[RewriteEvidence]]] = {}
+    for replay in replays:
+        for group in (ALL_RUNS, replay.format):
+            into = groups.setdefault(group, {})
+            for policy, rows in replay.evidence.items():
+                into.setdefault(policy, []).extend(rows)
+    return groups
+
+
+def evidence_markdown(groups: dict[str, dict[str, list[RewriteEvidence]]], options: PolicyOptions) -> str:
+    """One table per group: mean evidence retained at rewrites, kept blocks vs the newest of the same tokens."""
+    lines = ["Evidence at rewrites: the kept blocks vs the newest blocks of the same total tokens (means over "
+             "rewrites; referenced: over rewrites whose next action names an earlier block).", ""]
+    for group in [ALL_RUNS] + sorted(g for g in groups if g != ALL_RUNS):
+        lines += [f"**{group}**", "", "| policy | rewrites | Top-3 kept | Top-3 recent | referenced kept "
+                  "| referenced recent |", "|---|---|---|---|---|---|"]
+        for policy, rows in groups[group].items():
+            m = evidence_means(rows)
+            lines.append(f"| {policy_label(policy, options)} | {len(rows)} | {m['top3_kept']:.3f} "
+                         f"| {m['top3_recent']:.3f} | {m['referenced_kept']:.3f} | {m['referenced_recent']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def relative(totals: dict[str, Totals], cached_price: float) -> dict[str, dict[str, float]]:
@@ -171,10 +287,14 @@ def report(replays: Sequence[RunReplay], options: PolicyOptions, cached_price: f
                              for policy, t in totals.items()}
     return {
         "options": asdict(options), "cached_price": cached_price, "pooled": pooled_out,
+        "evidence": {group: {policy: evidence_means(rows) for policy, rows in by_policy.items()}
+                     for group, by_policy in pooled_evidence(replays).items()},
         "runs": [{"name": r.name, "format": r.format, "path": r.path,
                   "totals": {policy: asdict(t) for policy, t in r.totals().items()},
                   "calls": {policy: [[c.input, c.cached, c.embedding, int(c.prefix_broken)] for c in costs]
-                            for policy, costs in r.calls.items()}} for r in replays],
+                            for policy, costs in r.calls.items()},
+                  "evidence": {policy: [asdict(e) for e in rows] for policy, rows in r.evidence.items()}}
+                 for r in replays],
     }
 
 
@@ -227,6 +347,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--encoder", default=PolicyOptions.encoder,
                         help="GEM's encoder: minilm, hash, hash-<dim>, openai:<model>[:<dimensions>] "
                              "(default %(default)s)")
+    parser.add_argument("--evidence-policies", default=",".join(EVIDENCE_POLICIES),
+                        help="comma-separated policies whose rewrites get the next-action evidence metrics "
+                             "(default %(default)s; empty: none)")
     parser.add_argument("--out", type=Path, help="write online.md, online.json and online.png here")
     parser.add_argument("--workers", type=int, default=1, help="processes (default %(default)s; MiniLM: keep 1)")
     return parser
@@ -235,8 +358,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """The ``online`` sub-command: replay, print the table, write the files; 2 on bad input or no run."""
     names = [BASELINE] + [p for p in dict.fromkeys(args.policies.split(",")) if p and p != BASELINE]
+    evidence = tuple(p for p in args.evidence_policies.split(",") if p)
     try:
-        check_policies(names)
+        check_policies(names + list(evidence))
         options = PolicyOptions(args.window, args.mask_after, args.encoder, args.amortized_budget,
                                 args.amortized_keep)
         if args.price_cached < 0 or args.workers < 1:
@@ -248,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     started = time.perf_counter()
     runs, load_errors = load_runs(args.paths)
-    replays, errors = replay_runs(runs, names, options, workers=args.workers)
+    replays, errors = replay_runs(runs, names, options, workers=args.workers, evidence=evidence)
     for where, error in load_errors + errors:
         print(f"gem online: skipped {where}: {error}", file=sys.stderr)
     if not replays:
@@ -257,6 +381,8 @@ def run(args: argparse.Namespace) -> int:
     groups = pooled(replays)
     counts = {group: sum(1 for r in replays if group in (ALL_RUNS, r.format)) for group in groups}
     table = markdown(groups, counts, options, args.price_cached)
+    if any(replay.evidence for replay in replays):
+        table += "\n" + evidence_markdown(pooled_evidence(replays), options)
     print(table)
     print(f"{len(replays)} runs in {time.perf_counter() - started:.1f} s, encoder {args.encoder}", file=sys.stderr)
     if args.out:

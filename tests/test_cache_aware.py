@@ -1,6 +1,9 @@
 """Budgeted, append-mostly forwarding: amortized forgetting by recency, and GEM's cache-aware preset."""
 
+import json
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,8 @@ import pytest
 from gemkernels import GEM, GEMConfig
 from gemkernels.blocks import parse_history
 from gemkernels.encoders import CachedEncoder, HashEncoder
+from gemkernels.evidence import EvidenceConfig
+from gemkernels.gem import repay_reason
 from gemkernels.online_policies import AmortizedForgetting
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,8 +48,12 @@ def test_amortized_forgetting_rejects_bad_sizes(budget, keep):
         AmortizedForgetting(budget, keep)
 
 
-def test_cache_aware_preset_rewrites_at_the_budget_and_appends_in_between():
-    gem = GEM("cache-aware", encoder=CachedEncoder(HashEncoder(64)), token_counter=None)
+BUDGET_ONLY = GEMConfig(k=20, tau=1.0, delta=1.0, min_blocks=41, rewrite_above_blocks=40,
+                        reselect_on_goal_change=False)
+
+
+def test_block_budget_rewrites_at_the_budget_and_appends_in_between():
+    gem = GEM(BUDGET_ONLY, encoder=CachedEncoder(HashEncoder(64)), token_counter=None)
     actions, sizes, outs = [], [], []
     for history in steps(synthetic_history(70, seed=2)):
         result = gem.compress(history, session_id="c")
@@ -70,3 +79,155 @@ def test_cache_aware_goal_change_waits_for_the_next_rewrite():
 def test_budget_must_exceed_k():
     with pytest.raises(ValueError, match="rewrite_above_blocks"):
         GEMConfig(k=20, rewrite_above_blocks=20)
+
+
+# --------------------------------------------------------------------------- cost model and triggers
+
+def equal_blocks(num_blocks: int) -> list[dict]:
+    """A run whose blocks all serialise to the same size (so each costs the same estimated tokens)."""
+    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix it"}]
+    for b in range(num_blocks):
+        call_id = f"c{b:03d}"
+        messages.append({"role": "assistant", "content": f"step {b:03d}", "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": f"ls d{b:03d}"}}]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": f"output {b:03d} " + "x" * 200})
+    return messages
+
+
+# Keep exactly the last 4 blocks at a rewrite (recent protection only; the newest k = 4 leave no room),
+# so with block size s: F = m s (m forwarded), K = M = 4 s, and a rewrite happens at n blocks iff
+# 0.1 (m - 4) (n / 3 + 1) > 0.9 * 4. From the full history (m = n): first at n = 12 (0.1 * 8 * 5 = 4.0 > 3.6,
+# n = 11: 0.1 * 7 * 4.67 = 3.27); then m = 4 + n - 12: n = 18 (0.1 * 6 * 7 = 4.2; n = 17: 0.1 * 5 * 6.67 = 3.33),
+# n = 23 (0.1 * 5 * 8.67 = 4.33), n = 27 (0.1 * 4 * 10 = 4.0; n = 26: 0.1 * 3 * 9.67 = 2.9).
+REPAY = GEMConfig(k=4, tau=1.0, delta=1.0, min_blocks=5, repay_factor=1 / 3, cached_price=0.1,
+                  keep_recent_size=True, reselect_on_goal_change=False,
+                  evidence=EvidenceConfig(recent=4, goal=0, state=0, error=0, source=0))
+
+
+def walk(config: GEMConfig, messages: list[dict]) -> tuple[list[int], list, list]:
+    """Compress every history of ``messages`` in one session: (block counts at rewrites, stats, outputs)."""
+    gem = GEM(config, encoder=CachedEncoder(HashEncoder(64)), token_counter=None)
+    results = [gem.compress(h, session_id="walk") for h in steps(messages)]
+    rewrites = [r.stats.blocks for r in results if r.stats.action == "reselected"]
+    return rewrites, [r.stats for r in results], [r.messages for r in results]
+
+
+def test_repay_reason_by_hand():
+    sizes = [10] * 30
+    # F = 300, K = 100, M = 100 (block 0 dropped first): saving 0.1 * 200 * (R + 1) vs miss 0.9 * 100
+    assert repay_reason(set(range(30)), set(range(20, 30)), sizes, replace(REPAY, repay_factor=0.1)) is None
+    assert repay_reason(set(range(30)), set(range(20, 30)), sizes, replace(REPAY, repay_factor=0.2)) is not None
+    assert repay_reason(set(range(30)), set(range(30)), sizes, REPAY) is None  # nothing changes
+    # only the kept tokens after the first change are re-sent: dropping block 28 of 30 misses 0.9 * 10 once
+    # and saves 0.1 * 10 * (R + 1): R = 6 does not repay it, R = 15 does
+    assert repay_reason(set(range(30)), set(range(30)) - {28}, sizes, replace(REPAY, repay_factor=0.2)) is None
+    assert repay_reason(set(range(30)), set(range(30)) - {28}, sizes, replace(REPAY, repay_factor=0.5)) is not None
+
+
+def test_run_too_short_to_repay_a_rewrite_gets_none():
+    rewrites, stats, outs = walk(REPAY, equal_blocks(11))
+    assert rewrites == []
+    assert all(s.action in ("unchanged", "appended") and s.removed_blocks == [] for s in stats)
+
+
+def test_long_run_rewrites_at_the_expected_calls():
+    rewrites, stats, outs = walk(REPAY, equal_blocks(30))
+    assert rewrites == [12, 18, 23, 27]
+    for s in stats:
+        if s.action == "reselected":
+            assert s.removed_blocks == list(range(s.blocks - 4)) and "repays" in s.reason
+
+
+def test_token_budget_rewrites_when_passed():
+    messages = equal_blocks(30)
+    size = -(-sum(len(json.dumps(m)) + 2 for m in messages[2:4]) // 4)  # one block's estimated tokens
+    config = replace(REPAY, repay_factor=None, rewrite_above_tokens=10 * size)
+    rewrites, stats, _ = walk(config, messages)
+    assert rewrites == [11, 18, 25]  # 11 blocks pass 10 blocks' tokens; then 4 kept + 7 new
+    assert all("budget" in s.reason for s in stats if s.action == "reselected")
+
+
+@pytest.mark.parametrize("preset", ["cache-aware", REPAY])
+def test_prefix_is_byte_identical_between_rewrites(preset):
+    _, stats, outs = walk(preset, synthetic_history(90, seed=5) if preset == "cache-aware" else equal_blocks(30))
+    assert sum(s.action == "reselected" for s in stats) >= 2
+    for before, after, s in zip(outs, outs[1:], stats[1:]):
+        if s.action != "reselected":
+            assert json.dumps(after[:len(before)]) == json.dumps(before)
+
+
+def test_keep_recent_size_keeps_at_most_the_newest_k_blocks_tokens_beyond_protection():
+    messages = synthetic_history(60, seed=7)
+    gem = GEM("cache-aware", encoder=CachedEncoder(HashEncoder(64)), token_counter=len)
+    result = gem.compress(messages, session_id="s")
+    assert result.stats.action == "reselected"
+    history = parse_history(messages)
+    tokens = [sum(len(json.dumps(messages[p], ensure_ascii=False)) for p in span.positions) for span in history.spans]
+    kept = sorted(set(range(60)) - set(result.stats.removed_blocks))
+    protected = {b for picks in result.stats.protected.values() for b in picks}
+    assert sum(tokens[b] for b in kept if b not in protected) <= sum(tokens[-20:]) - sum(tokens[b] for b in protected)
+
+
+# --------------------------------------------------------------------------- every development run
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
+SECONDS = 300  # hash encoder: about 25 s for all 265 runs on 2 cores
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"development runs not found at {DATA}")
+def test_cache_aware_invariants_on_every_development_run():
+    """Pairing, prefix, order and no mutation at every call of every run; between rewrites the previous
+    request is a byte-identical prefix of the next; the budget of 40 forwarded blocks is never passed."""
+    from test_gem_runs import RUNS, check_step
+
+    from gemkernels.loaders import checkpoints
+
+    started = time.perf_counter()
+    rewrites = 0
+    for run in RUNS:
+        gem = GEM("cache-aware", encoder=CachedEncoder(HashEncoder(128)), token_counter=None)
+        snapshot = json.dumps(run.messages)
+        before = None
+        for pos in checkpoints(run.messages):
+            request = run.messages[:pos]
+            result = gem.compress(request, session_id="dev")
+            where = f"{run.name} messages[:{pos}] ({result.stats.action}: {result.stats.reason})"
+            if result.stats.action == "unchanged":
+                assert result.messages is request, where
+            else:
+                check_step(request, result, parse_history(request), where)
+                assert result.stats.forwarded_blocks <= 40 or result.stats.action == "reselected", where
+            if result.stats.action == "reselected":
+                rewrites += 1
+            elif before is not None:
+                assert json.dumps(result.messages[:len(before)]) == json.dumps(before), f"{where}: prefix changed"
+            before = result.messages
+        assert json.dumps(run.messages) == snapshot, f"{run.name}: the caller's messages were mutated"
+    assert rewrites > 0
+    assert time.perf_counter() - started < SECONDS
+
+
+# --------------------------------------------------------------------------- evidence at rewrites (gem online)
+
+def test_rewrite_evidence_of_amortized_forgetting_by_hand():
+    """Amortized(10 -> 4) rewrites at 11 blocks and keeps blocks 7-10; the next action (block 11) names a file
+    that only block 0 mentions, so neither the kept nor the equally large recent set retains it."""
+    from gemkernels.loaders import Run
+    from gemkernels.online_policies import PolicyOptions
+    from gemkernels.online_replay import evidence_means, replay_run
+
+    messages = equal_blocks(14)
+    messages[3] = {**messages[3], "content": "src/special_module.py: def handler"}
+    call = messages[24]["tool_calls"][0]
+    messages[24] = {**messages[24], "tool_calls": [{**call, "function": {"name": "bash",
+                                                                          "arguments": "cat src/special_module.py"}}]}
+    options = PolicyOptions(encoder="hash", amortized_budget=10, amortized_keep=4)
+    replay = replay_run(Run("r", "openai", messages, "Fix it", "<memory>"), ["full", "amortized"], options,
+                        lambda name: CachedEncoder(HashEncoder(64)), encode=str.split, evidence=("amortized",))
+    (rewrite,) = replay.evidence["amortized"]
+    assert (rewrite.call, rewrite.blocks, rewrite.kept_blocks, rewrite.recent_blocks) == (11, 11, 4, 4)
+    assert rewrite.top3_kept == rewrite.top3_recent  # recency is its own same-size recent set
+    assert rewrite.referenced_kept == rewrite.referenced_recent == 0.0
+    means = evidence_means(replay.evidence["amortized"])
+    assert means["rewrites"] == 1 and means["referenced_kept"] == 0.0
+    assert "full" not in replay.evidence

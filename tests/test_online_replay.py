@@ -135,8 +135,8 @@ def test_replay_is_deterministic_in_and_across_processes():
     messages = synthetic(30)
     runs = [Run(f"r{i}", "openai", messages[:len(messages) - 6 * i], "Fix it", "<memory>") for i in range(3)]
     names = list(POLICIES)
-    first = [replay_run(r, names, OPTIONS, encoder_by_name) for r in runs]
-    assert first == [replay_run(r, names, OPTIONS, encoder_by_name) for r in runs]
+    first = [replay_run(r, names, OPTIONS) for r in runs]  # the encoder replay_runs uses (hash, 256 dims)
+    assert first == [replay_run(r, names, OPTIONS) for r in runs]
     (parallel, errors), (serial, _) = (replay_runs(runs, names, OPTIONS, workers=w, progress=False) for w in (2, 1))
     assert not errors and parallel == serial
     assert [p.totals() for p in parallel] == [f.totals() for f in first]
