@@ -31,13 +31,13 @@ def main() -> None:
     for path, error in errors:
         print(f"skipped {path}: {error}")
     encoder = make_encoder(args.encoder)
-    rows = {name: [] for name in PRESETS}
+    rows = {name: [] for name, config in PRESETS.items() if not config.budgeted}  # budgeted: no first rewrite
     for run in runs:
         eligible = [p for p in checkpoints(run.messages) if len(parse_history(run.messages[:p]).spans) >= 16]
         picks = eligible[:: max(1, len(eligible) // args.steps)][: args.steps]
         for position in picks:
             messages = run.messages[:position]
-            for name in PRESETS:
+            for name in rows:
                 stats = GEM(name, encoder=encoder, token_counter=None).compress(messages, goal=run.goal).stats
                 protected = {b for picks_ in stats.protected.values() for b in picks_}
                 rows[name].append((stats.chars_after / stats.chars_before, stats.forwarded_blocks / stats.blocks,
