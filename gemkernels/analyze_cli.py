@@ -19,10 +19,8 @@ import numpy as np
 
 from . import analysis
 from .analysis import CONDITIONS, DELTAS, RHO, STATS, CheckpointResult, Tolerance
-from .blocks import parse_history
 from .encoders import make_encoder
-from .loaders import load_runs
-from .replay import EmbeddingCache, RunJob, column_means, prepare, save, table
+from .replay import EmbeddingCache, RunJob, column_means, load_long_runs, prepare, save, table
 from .representation import block_text
 
 LABELS = {"real": "Real", "feature_shift": "Feature-shift", "gaussian": "Gaussian",
@@ -211,12 +209,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     """Load, encode (cached), analyse, and write ``analysis.json``, ``analysis.md`` and the figures."""
-    runs, errors = load_runs(args.paths)
-    for path, error in errors:
-        print(f"gem analyze: skipped {path}: {error}", file=sys.stderr)
-    runs = [r for r in runs if len(parse_history(r.messages).spans) > args.min_blocks]
+    runs = load_long_runs(args.paths, args.min_blocks, "analyze")
     if not runs:
-        print(f"gem analyze: no run has more than {args.min_blocks} blocks", file=sys.stderr)
         return 2
     cache = EmbeddingCache(make_encoder(args.encoder), args.cache_dir)
     jobs = prepare(runs, cache, args.min_blocks, progress=not args.quiet)

@@ -141,15 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     analyze_cli.add_parser(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    if args.command == "bench":
-        return benchmark.run(args)
-    if args.command == "online":
-        return online_replay.run(args)
-    if args.command == "replay":
-        return replay.run(args)
-    if args.command == "analyze":
-        return analyze_cli.run(args)
-    return run_compress(args)
+    runners = {"compress": run_compress, "bench": benchmark.run, "online": online_replay.run, "replay": replay.run,
+               "analyze": analyze_cli.run}
+    return runners[args.command](args)
 
 
 if __name__ == "__main__":

@@ -409,14 +409,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def load_long_runs(paths: Sequence[str], min_blocks: int, command: str) -> list[Run]:
+    """The runs with more than ``min_blocks`` blocks; bad files and an empty result are reported on stderr."""
+    runs, errors = load_runs(paths)
+    for path, error in errors:
+        print(f"gem {command}: skipped {path}: {error}", file=sys.stderr)
+    runs = [r for r in runs if len(parse_history(r.messages).spans) > min_blocks]
+    if not runs:
+        print(f"gem {command}: no run has more than {min_blocks} blocks", file=sys.stderr)
+    return runs
+
+
 def run(args: argparse.Namespace) -> int:
     """Load, encode (cached), replay, and write ``replay.json``, ``replay.md`` and the sweep plots to ``--out``."""
-    runs, errors = load_runs(args.paths)
-    for path, error in errors:
-        print(f"gem replay: skipped {path}: {error}", file=sys.stderr)
-    runs = [r for r in runs if len(parse_history(r.messages).spans) > args.min_blocks][:args.max_runs]
+    runs = load_long_runs(args.paths, args.min_blocks, "replay")[:args.max_runs]
     if not runs:
-        print(f"gem replay: no run has more than {args.min_blocks} blocks", file=sys.stderr)
         return 2
     cache = EmbeddingCache(make_encoder(args.encoder), args.cache_dir)
     jobs = prepare(runs, cache, args.min_blocks, progress=not args.quiet)
