@@ -7,6 +7,7 @@
 K / tau sweeps (`gemkernels.replay`).
 ``gem analyze PATH...``: spectral concentration with matched controls, low-energy action share and
 controlled replacement (`gemkernels.analysis`).
+``gem serve --upstream URL``: an OpenAI- and Anthropic-compatible compressing proxy (`gemkernels.server`).
 ``gem online PATH...``: replay recorded runs call by call and count forwarded, cached and priced
 tokens per policy (`gemkernels.online_replay`).
 """
@@ -25,6 +26,11 @@ from . import analyze_cli, benchmark, online_replay, replay
 from .config import PRESETS
 from .gem import GEM, CompressionStats
 from .loaders import checkpoints, read_runs
+
+try:
+    from . import server
+except ImportError:  # the proxy needs pip install 'gemkernels[serve]'
+    server = None
 
 
 def read_request(source: str, run_name: str | None) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None]:
@@ -139,10 +145,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     online_replay.add_parser(commands)
     replay.add_parser(commands)
     analyze_cli.add_parser(commands)
+    if server is not None:
+        server.add_parser(commands)
+    else:
+        commands.add_parser("serve", help="the compressing proxy (needs pip install 'gemkernels[serve]')")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
+    if args.command == "serve" and server is None:
+        print("gem serve needs the server stack: pip install 'gemkernels[serve]'", file=sys.stderr)
+        return 2
     runners = {"compress": run_compress, "bench": benchmark.run, "online": online_replay.run, "replay": replay.run,
-               "analyze": analyze_cli.run}
+               "analyze": analyze_cli.run, "serve": server.run if server is not None else None}
     return runners[args.command](args)
 
 

@@ -272,8 +272,8 @@ def action_effects(action: Action, observation: str) -> Effects:
     return Effects(sources=urls, programs=[name])
 
 
-def json_object(text: str) -> dict[str, Any] | None:
-    """The arguments as a JSON object, or None when they are not one (e.g. a raw command)."""
+def json_object(text: str | bytes) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object, or None when it is not one (a raw command, a non-JSON body)."""
     try:
         value = json.loads(text)
     except (ValueError, TypeError):

@@ -26,6 +26,7 @@ from .encoders import Encoder, make_encoder
 from .evidence import BlockFeatures, block_features, evidence_picks
 from .guard import guarded_removals
 from .representation import block_text
+from .result import Selection
 from .sessions import SessionState, SessionStore
 
 logger = logging.getLogger("gemkernels")
@@ -91,11 +92,14 @@ class GEM:
     """The compressor: evidence protection, residual completion, forwarding guard, online sessions."""
 
     def __init__(self, config: GEMConfig | str = "paper", encoder: Encoder | str = "minilm",
-                 store: SessionStore | None = None, token_counter: Callable[[str], int] | None | str = "auto"):
+                 store: SessionStore | None = None, token_counter: Callable[[str], int] | None | str = "auto",
+                 select_fn: Callable[..., Selection] = select):
+        """``select_fn`` runs the selection (`gk.select`'s signature); a server passes a cross-session batcher."""
         self.config = resolve_config(config)
         self.encoder = make_encoder(encoder) if isinstance(encoder, str) else encoder
         self.store = store or SessionStore()
         self.count_tokens = default_token_counter() if token_counter == "auto" else token_counter
+        self.select_fn = select_fn
 
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None) -> Compressed:
         """Compress one request; never raises for bad input, never mutates ``messages``."""
@@ -196,7 +200,7 @@ class GEM:
         those of the newest ``k`` blocks; the forwarding guard then drops blocks outside it, larger first."""
         cfg, n = self.config, len(sizes)
         if cfg.keep_recent_size:
-            sel = select(embeddings, protected=seeds, tau=cfg.tau, k=n, eps=cfg.eps, backend=cfg.backend)
+            sel = self.select_fn(embeddings, protected=seeds, tau=cfg.tau, k=n, eps=cfg.eps, backend=cfg.backend)
             order = to_numpy(sel.indices).tolist()
             core = order[:sel.num_protected]
             room = sum(sizes[max(0, n - cfg.k):]) - sum(sizes[b] for b in core)
@@ -205,7 +209,7 @@ class GEM:
                     core.append(b)
                     room -= sizes[b]
         else:
-            sel = select(embeddings, protected=seeds, tau=cfg.tau, k=cfg.k, eps=cfg.eps, backend=cfg.backend)
+            sel = self.select_fn(embeddings, protected=seeds, tau=cfg.tau, k=cfg.k, eps=cfg.eps, backend=cfg.backend)
             core = to_numpy(sel.indices).tolist()
         in_core = set(core)
         removable = [b for b in range(n) if b not in in_core]

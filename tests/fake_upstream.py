@@ -1,0 +1,113 @@
+"""A fake OpenAI/Anthropic upstream and a helper that serves any ASGI app on 127.0.0.1 in a thread.
+
+The upstream records every request (path, headers, raw body) and answers by ``model``:
+``fail`` -> 500 with a JSON error, ``hang`` -> sleeps ``HANG_S`` before answering, ``drop`` -> a stream
+cut off after two events, ``slow`` -> answers after 0.3 s; otherwise a chat completion (or three
+server-sent events and ``[DONE]`` when ``stream`` is true) naming how many messages arrived. A body
+that is not JSON gets a 400 that quotes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+HANG_S = 5.0
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    raw: bytes
+
+    @property
+    def body(self) -> Any:
+        return json.loads(self.raw)
+
+
+@dataclass
+class FakeUpstream:
+    received: list[Received] = field(default_factory=list)
+
+    def app(self) -> Starlette:
+        async def chat(request: Request) -> Response:
+            raw = await request.body()
+            self.received.append(Received(request.url.path, dict(request.headers), raw))
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                return JSONResponse({"error": {"message": f"bad json: {raw[:40]!r}"}}, status_code=400)
+            model = body.get("model")
+            if model == "fail":
+                return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
+            if model == "hang":
+                await asyncio.sleep(HANG_S)
+            if model == "slow":
+                await asyncio.sleep(0.3)
+            n = len(body.get("messages") or [])
+            if body.get("stream") or model == "drop":
+                return StreamingResponse(events(n, drop=model == "drop"), media_type="text/event-stream")
+            if request.url.path == "/v1/messages":
+                return JSONResponse({"id": "msg_1", "type": "message", "role": "assistant", "model": model,
+                                     "content": [{"type": "text", "text": f"got {n}"}], "stop_reason": "end_turn",
+                                     "usage": {"input_tokens": 1, "output_tokens": 1}})
+            return JSONResponse(completion(model, f"got {n}"))
+
+        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                                 Route("/v1/messages", chat, methods=["POST"])])
+
+
+def completion(model: str, text: str) -> dict[str, Any]:
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+async def events(n: int, drop: bool):
+    for i, piece in enumerate(["got ", str(n), "!"]):
+        chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                 "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+        await asyncio.sleep(0.01)
+        if drop and i == 1:
+            raise RuntimeError("upstream dropped the stream")
+    yield b"data: [DONE]\n\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """``app`` served by uvicorn on 127.0.0.1 in a daemon thread; ``url`` is its root."""
+
+    def __init__(self, app: Any, graceful_s: float = 1.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    timeout_graceful_shutdown=graceful_s, timeout_keep_alive=60))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)

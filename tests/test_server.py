@@ -1,0 +1,302 @@
+"""``gem serve`` end to end: the real ``openai`` client -> the proxy -> a fake upstream on 127.0.0.1
+(hash encoder), plus the batcher and the in-process wrapper."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+
+import gemkernels as gk  # noqa: E402
+from fake_upstream import HANG_S, FakeUpstream, ServerThread  # noqa: E402
+from gemkernels.batching import BatchingEncoder, MicroBatcher, QueueFullError, SelectionBatcher  # noqa: E402
+from gemkernels.blocks import parse_history  # noqa: E402
+from gemkernels.client_wrap import wrap  # noqa: E402
+from gemkernels.encoders import make_encoder  # noqa: E402
+from gemkernels.server import ServerConfig, create_app, session_of, upstream_url  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
+MESSAGES = json.loads(EXAMPLE.read_text())["messages"]
+# Issue 6 asks 100 sessions x 20 requests; the default is 20 x 5 so the file runs in ~15 s on 2 cores.
+# GEM_SERVE_TEST_SESSIONS=100 GEM_SERVE_TEST_REQUESTS=20 runs the full scale (about 75 s there).
+SESSIONS = int(os.environ.get("GEM_SERVE_TEST_SESSIONS", "20"))
+REQUESTS = int(os.environ.get("GEM_SERVE_TEST_REQUESTS", "5"))
+# Growing prefixes, each ending after a tool result; from 28 messages (13 blocks) to all 66 (32 blocks).
+CUTS = tuple(range(66 - 2 * (min(REQUESTS, 20) - 1), 67, 2))
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    fake = FakeUpstream()
+    server = ServerThread(fake.app())
+    yield fake, server.url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream):
+    config = ServerConfig(upstream=upstream[1] + "/v1", encoder="hash", timeout=1.0, max_wait=0.005)
+    app = create_app(config)
+    server = ServerThread(app, graceful_s=10)
+    yield server.url
+    server.stop()
+
+
+def client_for(url: str, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="sk-secret", max_retries=0, timeout=10, **kw)
+
+
+def last_received(fake: FakeUpstream, path: str = "/v1/chat/completions"):
+    return [r for r in fake.received if r.path == path][-1]
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    label = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name + ("{" + label + "}" if label else "")) + r" ([0-9.e+-]+)"
+    found = re.search(pattern, text)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_long_conversation_arrives_compressed_and_valid(upstream, proxy):
+    fake, _ = upstream
+    reply = client_for(proxy).chat.completions.create(model="m", messages=MESSAGES)
+    got = last_received(fake)
+    forwarded = got.body["messages"]
+    assert len(forwarded) < len(MESSAGES) and forwarded[:2] == MESSAGES[:2]
+    assert len(parse_history(forwarded).blocks) < 32
+    assert all(m in MESSAGES for m in forwarded)
+    assert got.headers["authorization"] == "Bearer sk-secret"
+    assert reply.choices[0].message.content == f"got {len(forwarded)}"
+
+
+def test_streaming_passes_through_unchanged(upstream, proxy):
+    short = MESSAGES[:6]  # too few blocks: forwarded as sent
+    def raw(url: str) -> bytes:
+        with httpx.stream("POST", url + "/v1/chat/completions", json={"model": "m", "stream": True,
+                                                                       "messages": short}) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            return b"".join(r.iter_raw())
+    assert raw(proxy) == raw(upstream[1])
+    stream = client_for(proxy).chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream).startswith("got ")
+
+
+def test_tools_parameters_and_unknown_fields_arrive_untouched(upstream, proxy):
+    fake, direct = upstream
+    tools = [{"type": "function", "function": {"name": "bash", "description": "run",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    kwargs = dict(model="gpt-x", messages=MESSAGES, tools=tools, tool_choice="auto", temperature=0.3, top_p=0.9,
+                  max_tokens=77, seed=5, extra_body={"vendor_knob": {"a": [1, 2]}},
+                  extra_headers={"X-Trace": "t-1", "X-GEM-Session": "tools-session"})
+    client_for(direct).chat.completions.create(**kwargs)
+    sent = last_received(fake)
+    client_for(proxy).chat.completions.create(**kwargs)
+    forwarded = last_received(fake)
+    strip = lambda body: {k: v for k, v in body.items() if k != "messages"}  # noqa: E731
+    assert strip(forwarded.body) == strip(sent.body) and list(forwarded.body) == list(sent.body)
+    assert forwarded.headers["x-trace"] == "t-1" and "x-gem-session" not in forwarded.headers
+    assert len(forwarded.body["messages"]) < len(sent.body["messages"])
+
+
+def test_malformed_bodies(upstream, proxy):
+    fake, _ = upstream
+    r = httpx.post(proxy + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "bad json" in r.text and last_received(fake).raw == b"{not json"
+    odd = json.dumps({"model": "m", "messages": [{"role": "tool"}, 3]}).encode()
+    assert httpx.post(proxy + "/v1/chat/completions", content=odd).status_code == 200
+    assert last_received(fake).raw == odd  # invalid structure: forwarded byte for byte
+    r = httpx.post(proxy + "/v1/gem/compress", content=b"[1, 2]")
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+
+
+def test_compress_endpoint_and_health(proxy):
+    r = httpx.post(proxy + "/v1/gem/compress", json={"messages": MESSAGES, "session_id": "c-1"})
+    body = r.json()
+    assert r.status_code == 200 and body["stats"]["action"] == "reselected"
+    assert body["stats"]["session_id"] == "c-1" and len(body["messages"]) == body["stats"]["messages_after"]
+    assert httpx.get(proxy + "/healthz").json()["status"] == "ok"
+
+
+def test_anthropic_messages_route(upstream, proxy):
+    fake, _ = upstream
+    body = {"model": "claude-x", "max_tokens": 5, "system": "s", "metadata": {"user_id": "u-7"},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    raw = json.dumps(body).encode()
+    r = httpx.post(proxy + "/v1/messages", content=raw, headers={"x-api-key": "ak", "anthropic-version": "2023-06-01"})
+    got = last_received(fake, "/v1/messages")
+    assert r.status_code == 200 and r.json()["content"][0]["text"] == "got 1"
+    assert got.raw == raw and got.headers["x-api-key"] == "ak"
+
+
+def test_concurrent_sessions_stay_consistent_and_batch(upstream, proxy):
+    fake, _ = upstream
+    client = openai.AsyncOpenAI(base_url=proxy + "/v1", api_key="k", max_retries=0, timeout=30)
+
+    async def session(s: int) -> None:
+        for cut in CUTS:
+            await client.chat.completions.create(model="m", messages=MESSAGES[:cut], user=f"conc-{s}")
+
+    async def main() -> None:
+        await asyncio.gather(*(session(s) for s in range(SESSIONS)))
+        await client.close()
+
+    asyncio.run(main())
+    # Sequential reference: one GEM, each session's requests in order; the proxy must forward the same.
+    reference = gk.GEM("paper", encoder="hash")
+    bodies = [json.loads(r.raw) for r in fake.received if r.raw.startswith(b"{") and b'"conc-' in r.raw]
+    for s in range(SESSIONS):
+        got = [body["messages"] for body in bodies if body.get("user") == f"conc-{s}"]
+        assert len(got) == len(CUTS)
+        for cut, forwarded in zip(CUTS, got):
+            assert forwarded == reference.compress(MESSAGES[:cut], session_id=f"conc-{s}").messages
+            parse_history(forwarded)
+    text = httpx.get(proxy + "/metrics").text
+    for kind in ("encode",) + (("select",) if "select_fn" in __import__("inspect").signature(gk.GEM).parameters
+                               else ()):
+        count = metric(text, "gem_batch_size_count", kind=kind)
+        singles = metric(text, "gem_batch_size_bucket", kind=kind, le="1.0")
+        assert count > 0 and singles < count, f"{kind}: no batch larger than one"
+    assert metric(text, "gem_sessions") >= SESSIONS
+    assert metric(text, "gem_chars_total", stage="after") < metric(text, "gem_chars_total", stage="before")
+
+
+def test_upstream_failures_are_reported_and_the_proxy_stays_up(proxy):
+    client = client_for(proxy)
+    with pytest.raises(openai.InternalServerError) as err:
+        client.chat.completions.create(model="fail", messages=MESSAGES[:4])
+    assert err.value.status_code == 500 and err.value.body["message"] == "boom"
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model="hang", messages=MESSAGES[:4])
+    assert err.value.status_code == 504 and time.monotonic() - started < HANG_S
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        list(client.chat.completions.create(model="drop", messages=MESSAGES[:4], stream=True))
+    assert client.chat.completions.create(model="m", messages=MESSAGES[:4]).choices[0].message.content == "got 4"
+    text = httpx.get(proxy + "/metrics").text
+    assert metric(text, "gem_upstream_errors_total", kind="timeout") >= 1
+    assert metric(text, "gem_upstream_errors_total", kind="status_500") >= 1
+    assert metric(text, "gem_upstream_errors_total", kind="stream_dropped") >= 1
+
+
+def test_unreachable_upstream_is_a_502():
+    from starlette.testclient import TestClient
+
+    app = create_app(ServerConfig(upstream="http://127.0.0.1:9", encoder="hash", timeout=2.0))
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert r.status_code == 502 and r.json()["error"]["type"] == "upstream_unreachable"
+
+
+def test_shutdown_drains_in_flight_requests(upstream):
+    server = ServerThread(create_app(ServerConfig(upstream=upstream[1], encoder="hash")), graceful_s=10)
+    result: dict[str, int] = {}
+    worker = threading.Thread(target=lambda: result.update(status=httpx.post(
+        server.url + "/v1/chat/completions", json={"model": "slow", "messages": MESSAGES}, timeout=10).status_code))
+    worker.start()
+    time.sleep(0.15)
+    server.stop()
+    worker.join()
+    assert result["status"] == 200 and not server.thread.is_alive()
+
+
+def test_session_identity_and_upstream_url():
+    assert session_of({"x-gem-session": "h"}, {"user": "u", "metadata": {"user_id": "m"}}) == "h"
+    assert session_of({}, {"user": "u", "metadata": {"user_id": "m"}}) == "u"
+    assert session_of({}, {"metadata": {"user_id": "m"}}) == "m"
+    assert session_of({}, {"user": 3}) is None
+    assert upstream_url("http://h/v1/", "/v1/messages") == "http://h/v1/messages"
+    assert upstream_url("http://h", "/v1/messages") == "http://h/v1/messages"
+
+
+def test_selection_batcher_matches_select_and_isolates_failures():
+    sizes: list[int] = []
+    batcher = SelectionBatcher(max_wait=0.02, observer=lambda kind, n, s: sizes.append(n))
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((int(rng.integers(5, 40)), 16)).astype(np.float32) for _ in range(8)]
+    xs[3] = np.zeros((4, 16), np.float32)  # invalid: fails alone
+    out: dict[int, object] = {}
+
+    def call(i: int) -> None:
+        try:
+            out[i] = batcher.select(xs[i], protected=[0], tau=0.9, k=4)
+        except ValueError as err:
+            out[i] = err
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert isinstance(out[3], ValueError) and max(sizes) > 1
+    for i in set(range(8)) - {3}:
+        ref = gk.select(xs[i], protected=[0], tau=0.9, k=4)
+        assert np.array_equal(out[i].indices, ref.indices) and out[i].coverage == pytest.approx(ref.coverage)
+    started = time.perf_counter()
+    batcher.select(xs[0])
+    assert time.perf_counter() - started < 0.02 + 0.05  # alone: at most max_wait plus the run
+    batcher.close()
+
+
+def test_micro_batcher_bounds_its_queue_and_encoder_splits_rows():
+    running, gate = threading.Event(), threading.Event()
+
+    def run(items: list[int]) -> list[int]:
+        running.set()
+        gate.wait()
+        return items
+
+    slow = MicroBatcher(run, "slow", max_batch=1, max_wait=0, max_queue=1)
+    first = threading.Thread(target=slow.submit, args=(0,), daemon=True)
+    first.start()
+    assert running.wait(5)  # item 0 is running
+    second = threading.Thread(target=slow.submit, args=(1,), daemon=True)
+    second.start()
+    deadline = time.monotonic() + 5
+    while slow._queue.qsize() < 1 and time.monotonic() < deadline:  # item 1 fills the queue
+        time.sleep(0.001)
+    with pytest.raises(QueueFullError):
+        slow.submit(9)
+    gate.set()
+    first.join(5)
+    second.join(5)
+    slow.close()
+    lone = MicroBatcher(lambda items: items, "lone", max_wait=1.0, callers=lambda: 1)
+    started = time.perf_counter()
+    assert lone.submit(5) == 5 and time.perf_counter() - started < 0.5  # no other caller: no wait
+    lone.close()
+    inner = make_encoder("hash")
+    encoder = BatchingEncoder(inner)
+    texts = ["alpha beta", "gamma", "delta epsilon"]
+    assert np.array_equal(encoder.encode(texts), inner.encode(texts)) and encoder.encode([]).shape == (0, 256)
+    encoder.close()
+
+
+def test_wrap_compresses_sync_and_async_clients(upstream):
+    fake, direct = upstream
+    gem = gk.GEM("paper", encoder="hash")
+    plain = client_for(direct)
+    wrapped = wrap(plain, gem=gem, session_id="wrapped")
+    wrapped.chat.completions.create(model="m", messages=MESSAGES)
+    assert len(last_received(fake).body["messages"]) < len(MESSAGES)
+    plain.chat.completions.create(model="m", messages=MESSAGES)  # the client itself is untouched
+    assert len(last_received(fake).body["messages"]) == len(MESSAGES)
+    assert wrapped.base_url == plain.base_url and wrapped.models is plain.models
+
+    async def use_async() -> None:
+        client = openai.AsyncOpenAI(base_url=direct + "/v1", api_key="k", max_retries=0)
+        await wrap(client, gem=gem).chat.completions.create(model="m", messages=MESSAGES, user="async-user")
+        await client.close()
+
+    asyncio.run(use_async())
+    assert len(last_received(fake).body["messages"]) < len(MESSAGES)
