@@ -1,7 +1,7 @@
-"""``gem serve`` latency overhead against calling the fake upstream directly, p50 / p99, at 1 and 8
-concurrent sessions, with batching on and off.
+"""``gem serve`` latency overhead against calling the fake upstream directly, p50 / p99, at 1 and 50
+concurrent sessions (``--concurrency``), with batching on and off.
 
-    python -m bench.proxy_overhead [--sessions 16] [--requests 10] [--encoder hash] [--preset paper]
+    python -m bench.proxy_overhead [--sessions 50] [--requests 4] [--concurrency 1 50] [--encoder hash]
 
 The fake upstream (tests/fake_upstream.py) and the proxy each run in their own process on
 127.0.0.1; the client (httpx, one process) replays agent sessions: each session sends growing
@@ -96,8 +96,9 @@ def percentiles(latencies: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=16)
-    parser.add_argument("--requests", type=int, default=10, help="per session, at most 20")
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--requests", type=int, default=4, help="per session, at most 20")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 50], help="sessions in flight")
     parser.add_argument("--encoder", default="hash")
     parser.add_argument("--preset", default="paper")
     parser.add_argument("--json", help="also write the rows here")
@@ -108,7 +109,7 @@ def main() -> None:
         for batching in (True, False):
             proxy_proc, proxy = start(serve_proxy, upstream, args.encoder, args.preset, batching)
             try:
-                for concurrency in (1, 8):
+                for concurrency in args.concurrency:
                     tag = f"b{int(batching)}c{concurrency}"
                     direct, _ = asyncio.run(replay(upstream, args.sessions, args.requests, concurrency, tag + "d"))
                     via, wall = asyncio.run(replay(proxy, args.sessions, args.requests, concurrency, tag))
