@@ -9,7 +9,6 @@ per-run values (spectra) or per-run checkpoint means (replacement deltas).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ import numpy as np
 from . import analysis
 from .analysis import CONDITIONS, DELTAS, RHO, STATS, CheckpointResult, Tolerance
 from .encoders import make_encoder
-from .replay import EmbeddingCache, RunJob, column_means, load_long_runs, prepare, save, table
+from .replay import EmbeddingCache, RunJob, column_means, load_long_runs, prepare, save, table, write_report
 from .representation import block_text
 
 LABELS = {"real": "Real", "feature_shift": "Feature-shift", "gaussian": "Gaussian",
@@ -216,12 +215,5 @@ def run(args: argparse.Namespace) -> int:
     jobs = prepare(runs, cache, args.min_blocks, progress=not args.quiet)
     summary = {"encoder": cache.name, "options": {k: v for k, v in vars(args).items() if k not in ("func", "quiet")},
                **analyse(jobs, args.seed, args.bands, args.tau, Tolerance(), progress=not args.quiet)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "analysis.json").write_text(json.dumps(summary, indent=1))
-    report = markdown(summary)
-    (out / "analysis.md").write_text(report + "\n")
-    written = [out / "analysis.json", out / "analysis.md", *plot(summary, out)]
-    print(report)
-    print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
+    write_report(Path(args.out), "analysis", summary, markdown(summary), plot)
     return 0

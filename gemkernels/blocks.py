@@ -269,18 +269,8 @@ def parts(message: dict[str, Any]) -> list[dict[str, Any]]:
 def reconstruct(history: History, kept_blocks: set[int]) -> list[dict[str, Any]]:
     """The caller's message objects minus the blocks not in ``kept_blocks``, in original order.
 
-    The output is checked against the parse it came from: every block is present whole or not at
-    all and every message outside the blocks is present, so the parse's guarantees (unique ids,
-    every call with all its results) carry over without a second parse."""
+    Only whole blocks of a history that parsed are dropped, so the result keeps the parse's guarantees
+    (unique ids, every call with all its results, the prefix and every non-block message) by construction;
+    the tests parse every output again on every development run."""
     dropped = {p for b, span in enumerate(history.spans) if b not in kept_blocks for p in span.positions}
-    out = [message for i, message in enumerate(history.messages) if i not in dropped]
-    present = {id(message) for message in out}
-    messages = history.messages
-    for b, span in enumerate(history.spans):
-        kept = [id(messages[p]) in present for p in span.positions]
-        if any(kept) and not all(kept):
-            raise BlockStructureError(f"reconstruction would split block {b}")
-    lost = [p for p in range(len(messages)) if p not in history.block_positions and id(messages[p]) not in present]
-    if lost:
-        raise BlockStructureError(f"reconstruction would drop non-block message {lost[0]}")
-    return out
+    return [message for i, message in enumerate(history.messages) if i not in dropped]

@@ -148,6 +148,7 @@ class GEM:
 
         reason = reselection_reason(state, keys, goal_text, cfg)
         sizes = [block_tokens(info) for info in infos]
+        chars_before = request_chars(messages, history, infos)
         appended: set[int] = set()
         if reason is None:
             seen = len(state.block_keys) if state is not None else n
@@ -157,12 +158,12 @@ class GEM:
         select_started = time.perf_counter()
         rewrite: tuple[set[int], list[int], float] | None = None
         if reason is None and cfg.repay_factor is not None:
-            rewrite = self._rewrite(history, infos, embeddings, seeds, sizes)
+            rewrite = self._rewrite(infos, embeddings, seeds, sizes, chars_before)
             reason = repay_reason(appended, rewrite[0], sizes, cfg)
         core: list[int] = []
         coverage = None
         if reason is not None:
-            forwarded, core, coverage = rewrite or self._rewrite(history, infos, embeddings, seeds, sizes)
+            forwarded, core, coverage = rewrite or self._rewrite(infos, embeddings, seeds, sizes, chars_before)
             action, selected_at = RESELECTED, n
         else:
             forwarded, action = appended, APPENDED
@@ -175,7 +176,6 @@ class GEM:
         self.store.put(session_id, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text,
                                                 selected_at, cache))
         removed = sorted(set(range(n)) - forwarded)
-        chars_before = request_chars(messages, history, infos)
         tokens_before = tokens_after = None
         if self.count_tokens is not None:
             other = sum(self.count_tokens(json.dumps(messages[p], ensure_ascii=False))
@@ -193,8 +193,8 @@ class GEM:
         )
         return Compressed(out, stats)
 
-    def _rewrite(self, history: History, infos: Sequence[BlockInfo], embeddings: np.ndarray, seeds: list[int],
-                 sizes: Sequence[int]) -> tuple[set[int], list[int], float]:
+    def _rewrite(self, infos: Sequence[BlockInfo], embeddings: np.ndarray, seeds: list[int], sizes: Sequence[int],
+                 total_chars: int) -> tuple[set[int], list[int], float]:
         """A global selection: (blocks to forward, selected core, its coverage). The core is the protected
         seeds plus residual completion, up to ``k`` blocks or, with ``keep_recent_size``, while its tokens fit
         those of the newest ``k`` blocks; the forwarding guard then drops blocks outside it, larger first."""
@@ -213,8 +213,7 @@ class GEM:
             core = to_numpy(sel.indices).tolist()
         in_core = set(core)
         removable = [b for b in range(n) if b not in in_core]
-        total = request_chars(history.messages, history, infos)
-        dropped = set(guarded_removals([info.chars for info in infos], removable, total, cfg.delta))
+        dropped = set(guarded_removals([info.chars for info in infos], removable, total_chars, cfg.delta))
         return set(range(n)) - dropped, core, sel.coverage
 
     def _block_infos(self, history: History, keys: Sequence[str],

@@ -18,7 +18,7 @@ import sys
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -409,6 +409,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def write_report(out: Path, stem: str, summary: dict, report: str, plot: Callable[[dict, Path], list[Path]]) -> None:
+    """Write ``<stem>.json``, ``<stem>.md`` and the plots into ``out``; print the report, and what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
+    (out / f"{stem}.md").write_text(report + "\n")
+    written = [out / f"{stem}.json", out / f"{stem}.md", *plot(summary, out)]
+    print(report)
+    print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
+
+
 def load_long_runs(paths: Sequence[str], min_blocks: int, command: str) -> list[Run]:
     """The runs with more than ``min_blocks`` blocks; bad files and an empty result are reported on stderr."""
     runs, errors = load_runs(paths)
@@ -434,12 +444,5 @@ def run(args: argparse.Namespace) -> int:
     options = {key: list(value) if isinstance(value, tuple) else value
                for key, value in vars(args).items() if key not in ("func", "quiet")}
     summary = summary_json(results, plan, sweep_ks, options, cache.name)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "replay.json").write_text(json.dumps(summary, indent=1))
-    report = markdown(summary)
-    (out / "replay.md").write_text(report + "\n")
-    written = [out / "replay.json", out / "replay.md", *plot(summary, out)]
-    print(report)
-    print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
+    write_report(Path(args.out), "replay", summary, markdown(summary), plot)
     return 0
