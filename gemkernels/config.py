@@ -32,7 +32,9 @@ class GEMConfig:
     rewrites when a budget is passed or when the cost model repays it: with F the tokens of the blocks
     appending would forward, K those a rewrite keeps, M the kept tokens from the first changed block on
     (re-sent uncached once) and R = ``repay_factor`` x blocks so far (the expected remaining calls),
-    rewrite if ``cached_price * (F - K) * (R + 1) > (1 - cached_price) * M``. ``cached_price`` is the
+    rewrite if ``cached_price * (F - K) * (R + 1) > (1 - cached_price) * M`` (it repays) and F - K has
+    reached the renewal gap ``sqrt(2 (1 - cached_price) M a / cached_price)``, a the mean block tokens (the
+    per-call saving at which the cycle of growth and rewrite is cheapest; `gem.renewal_gap`). ``cached_price`` is the
     provider's price of a cached input token relative to an uncached one (0.1: Anthropic's cache reads).
     ``keep_recent_size``: a rewrite keeps GEM's picks (protected first, then residual completion order)
     while their tokens fit those of the newest ``k`` blocks (the size amortized forgetting keeps;
@@ -84,12 +86,13 @@ PRESETS: dict[str, GEMConfig] = {
     "paper": GEMConfig(),
     "balanced": GEMConfig(delta=0.5),
     "core": GEMConfig(delta=1.0),
-    # Amortized and evidence-aware: forward everything, rewrite when the cost model says the dropped tokens
-    # repay the cache miss (expected remaining calls: 0.2 x blocks so far, cached tokens at 0.1) or when
-    # more than 40 blocks would be forwarded; a rewrite keeps what GEM selects (evidence first, then
-    # residual completion to 95% coverage) within the tokens of the newest 20 blocks, then appends only.
-    # Goal changes wait for the next rewrite (a rewrite breaks the cache). Measured in docs/cache_aware.md.
-    "cache-aware": GEMConfig(k=20, tau=0.95, delta=1.0, min_blocks=16, rewrite_above_blocks=40, repay_factor=0.2,
+    # Amortized and evidence-aware: forward everything, rewrite when the cost model says so (it repays within
+    # the expected remaining calls, 0.5 x blocks so far, and the per-call saving has reached the renewal gap,
+    # cached tokens at 0.1) or when more than 40 blocks would be forwarded; a rewrite keeps what GEM selects
+    # (evidence first, then residual completion to 95% coverage) within the tokens of the newest 15 blocks,
+    # then appends only. Goal changes wait for the next rewrite (a rewrite breaks the cache).
+    # Measured in docs/cache_aware.md.
+    "cache-aware": GEMConfig(k=15, tau=0.95, delta=1.0, min_blocks=16, rewrite_above_blocks=40, repay_factor=0.5,
                              cached_price=0.1, keep_recent_size=True, reselect_on_goal_change=False),
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -291,21 +292,37 @@ def budget_reason(appended: set[int], sizes: Sequence[int], cfg: GEMConfig) -> s
 
 
 def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: GEMConfig) -> str | None:
-    """Why a rewrite to ``kept`` pays for itself under the cost model of `GEMConfig`, or None.
+    """Why a rewrite to ``kept`` is due under the cost model of `GEMConfig`, or None.
 
-    Saving: the dropped tokens, cached, on this call and the R = ``repay_factor`` x blocks expected
-    remaining calls; cost: the kept tokens from the first changed block on, sent uncached once."""
+    Due when the rewrite repays itself within the expected remaining calls (the dropped tokens, cached, on
+    this call and the R = ``repay_factor`` x blocks to come, outweigh the kept tokens from the first changed
+    block on, sent uncached once) and the per-call saving has reached `renewal_gap` (rewriting sooner would
+    pay the miss more often than it saves)."""
     changed = appended ^ kept
     if not changed or cfg.repay_factor is None:
         return None
     first = min(changed)
+    c = cfg.cached_price
     forwarded, kept_tokens = sum(sizes[b] for b in appended), sum(sizes[b] for b in kept)
-    miss = (1 - cfg.cached_price) * sum(sizes[b] for b in kept if b >= first)
+    resent = sum(sizes[b] for b in kept if b >= first)
+    miss = (1 - c) * resent
     remaining = cfg.repay_factor * len(sizes)
-    saving = cfg.cached_price * (forwarded - kept_tokens) * (remaining + 1)
-    if saving <= miss:
+    saving = c * (forwarded - kept_tokens) * (remaining + 1)
+    gap = renewal_gap(resent, sum(sizes) / len(sizes), c)
+    if saving <= miss or forwarded - kept_tokens < gap:
         return None
-    return f"rewrite repays: saves {saving:.0f} over {remaining:.0f} expected calls, misses {miss:.0f} once"
+    return (f"rewrite repays: saves {saving:.0f} over {remaining:.0f} expected calls, misses {miss:.0f} once; "
+            f"{forwarded - kept_tokens} tokens dropped per call, past the renewal gap of {gap:.0f}")
+
+
+def renewal_gap(resent: float, per_call: float, cached_price: float) -> float:
+    """The per-call saving at which rewriting is cheapest over a long run: a context that grows by
+    ``per_call`` tokens a call and is cut back every g calls, re-sending ``resent`` tokens uncached each
+    time, costs c (K + per_call (g + 1) / 2) + (1 - c) resent / g a call, least at
+    g* = sqrt(2 (1 - c) resent / (c per_call)); the saving then is g* per_call."""
+    if cached_price <= 0:
+        return math.inf
+    return math.sqrt(2 * (1 - cached_price) * resent * per_call / cached_price)
 
 
 def reselection_reason(state: SessionState | None, keys: tuple[str, ...], goal: str, cfg: GEMConfig) -> str | None:

@@ -4,23 +4,27 @@ At each call of a run (each assistant turn; the request is the history before it
 policy of `online_policies` forwards its request; `costs` counts its o200k input tokens,
 the part a provider's prompt cache would serve (common prefix with the same policy's
 previous request), and the embedding tokens the policy caused. Totals per run and pooled
-(per run format and over all runs) are reported relative to the full history, as a
-markdown table, JSON and a PNG (tokens against price per policy).
+(over all runs, per run format, and over the runs with at least N calls for each N of
+``long_runs``) are reported relative to the full history, as a markdown table, JSON and a
+PNG (tokens against price per policy).
 
 Evidence at rewrites: for the policies named in ``evidence`` (default amortized forgetting and
 GEM's cache-aware preset), at every call whose request rewrites the previous one (a prefix
 break), the blocks kept are measured against the newest blocks of the same total o200k size:
 what each retains of the next recorded action's three most similar blocks (Top-3) and of the
-blocks it names (lexical references, `metrics.referenced_blocks`).
+blocks it names (lexical references, `metrics.referenced_blocks`); means, and the paired
+difference kept − recent per rewrite with its standard error and the rewrites where it is
+better or worse.
 
     gem online PATH... [--policies full,masking,window,gem-paper,...] [--price-cached 0.1]
         [--window 10] [--mask-after 5] [--amortized-budget 40 --amortized-keep 20] [--encoder minilm|hash]
-        [--evidence-policies amortized,gem-cache-aware] [--out DIR] [--workers N]
+        [--evidence-policies amortized,gem-cache-aware] [--long-runs 40,60] [--out DIR] [--workers N]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -47,6 +51,7 @@ BASELINE = "full"
 DEFAULT_POLICIES = ("full", "masking", "window", "amortized", "gem-paper", "gem-balanced", "gem-core",
                     "gem-cache-aware")
 EVIDENCE_POLICIES = ("amortized", "gem-cache-aware")
+LONG_RUNS = (40, 60)
 ALL_RUNS = "all"
 EMBEDDING_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemkernels" / "embeddings"
 
@@ -83,6 +88,27 @@ class RunReplay:
 
     def totals(self) -> dict[str, Totals]:
         return {policy: Totals.of(costs) for policy, costs in self.calls.items()}
+
+    def groups(self, long_runs: Sequence[int] = ()) -> list[str]:
+        """The groups this run is pooled into: all runs, its format, and ``N+ calls`` for each N it reaches."""
+        calls = len(next(iter(self.calls.values()), ()))
+        return [ALL_RUNS, self.format] + [long_group(n) for n in long_runs if calls >= n]
+
+
+def long_group(calls: int) -> str:
+    """The name of the group of runs with at least ``calls`` model calls."""
+    return f"{calls}+ calls"
+
+
+def group_order(groups: Iterable[str]) -> list[str]:
+    """All runs first, then run formats by name, then run-length groups by length."""
+    def key(group: str) -> tuple[int, int, str]:
+        if group == ALL_RUNS:
+            return 0, 0, group
+        if group.endswith("+ calls"):
+            return 2, int(group.split("+")[0]), group
+        return 1, 0, group
+    return sorted(groups, key=key)
 
 
 @cache
@@ -156,11 +182,20 @@ def rewrite_evidence(call: int, whole: History, request: Sequence[dict[str, Any]
 
 
 def evidence_means(rows: Sequence[RewriteEvidence]) -> dict[str, float]:
-    """Means over rewrites of each `EVIDENCE_FIELDS` entry (None entries skipped; nan if none), and ``rewrites``."""
+    """Means over rewrites of each `EVIDENCE_FIELDS` entry (None entries skipped; nan if none), ``rewrites``, and
+    per metric (``top3``, ``referenced``) the paired difference kept − recent: ``_delta`` (mean), ``_delta_se``
+    (its standard error; nan below 2 rewrites), ``_better`` and ``_worse`` (rewrites where kept retains more, less)."""
     out: dict[str, float] = {"rewrites": len(rows)}
     for field in EVIDENCE_FIELDS:
         values = [getattr(r, field) for r in rows if getattr(r, field) is not None]
         out[field] = sum(values) / len(values) if values else math.nan
+    for metric in ("top3", "referenced"):
+        deltas = [getattr(r, f"{metric}_kept") - getattr(r, f"{metric}_recent") for r in rows
+                  if getattr(r, f"{metric}_kept") is not None]
+        mean = sum(deltas) / len(deltas) if deltas else math.nan
+        spread = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (len(deltas) - 1)) if len(deltas) > 1 else math.nan
+        out.update({f"{metric}_delta": mean, f"{metric}_delta_se": spread / math.sqrt(len(deltas)) if deltas else math.nan,
+                    f"{metric}_better": sum(d > 0 for d in deltas), f"{metric}_worse": sum(d < 0 for d in deltas)})
     return out
 
 
@@ -205,41 +240,50 @@ def with_progress(items: Iterable[Any], total: int, enabled: bool) -> Iterable[A
     return items
 
 
-def pooled(replays: Iterable[RunReplay]) -> dict[str, dict[str, Totals]]:
-    """Totals per group (``all`` and each run format) and policy."""
+def pooled(replays: Iterable[RunReplay], long_runs: Sequence[int] = ()) -> dict[str, dict[str, Totals]]:
+    """Totals per group (`RunReplay.groups`, in `group_order`) and policy."""
     groups: dict[str, dict[str, Totals]] = {}
     for replay in replays:
-        for group in (ALL_RUNS, replay.format):
+        for group in replay.groups(long_runs):
             into = groups.setdefault(group, {})
             for policy, totals in replay.totals().items():
                 into[policy] = into.get(policy, Totals()) + totals
-    return groups
+    return {group: groups[group] for group in group_order(groups)}
 
 
-def pooled_evidence(replays: Iterable[RunReplay]) -> dict[str, dict[str, list[RewriteEvidence]]]:
-    """Rewrite evidence per group (``all`` and each run format) and measured policy."""
+def pooled_evidence(replays: Iterable[RunReplay], long_runs: Sequence[int] = ()
+                    ) -> dict[str, dict[str, list[RewriteEvidence]]]:
+    """Rewrite evidence per group (`RunReplay.groups`, in `group_order`) and measured policy."""
     groups: dict[str, dict[str, list[RewriteEvidence]]] = {}
     for replay in replays:
-        for group in (ALL_RUNS, replay.format):
+        for group in replay.groups(long_runs):
             into = groups.setdefault(group, {})
             for policy, rows in replay.evidence.items():
                 into.setdefault(policy, []).extend(rows)
-    return groups
+    return {group: groups[group] for group in group_order(groups)}
 
 
 def evidence_markdown(groups: dict[str, dict[str, list[RewriteEvidence]]], options: PolicyOptions) -> str:
     """One table per group: mean evidence retained at rewrites, kept blocks vs the newest of the same tokens."""
     lines = ["Evidence at rewrites: the kept blocks vs the newest blocks of the same total tokens (means over "
-             "rewrites; referenced: over rewrites whose next action names an earlier block).", ""]
-    for group in [ALL_RUNS] + sorted(g for g in groups if g != ALL_RUNS):
-        lines += [f"**{group}**", "", "| policy | rewrites | Top-3 kept | Top-3 recent | referenced kept "
-                  "| referenced recent |", "|---|---|---|---|---|---|"]
-        for policy, rows in groups[group].items():
+             "rewrites; referenced: over rewrites whose next action names an earlier block). Δ: kept − recent per "
+             "rewrite, mean ± standard error (rewrites better / worse).", ""]
+    for group, by_policy in groups.items():
+        lines += [f"**{group}**", "", "| policy | rewrites | Top-3 kept | Top-3 recent | Top-3 Δ | referenced kept "
+                  "| referenced recent | referenced Δ |", "|---|---|---|---|---|---|---|---|"]
+        for policy, rows in by_policy.items():
             m = evidence_means(rows)
             lines.append(f"| {policy_label(policy, options)} | {len(rows)} | {m['top3_kept']:.3f} "
-                         f"| {m['top3_recent']:.3f} | {m['referenced_kept']:.3f} | {m['referenced_recent']:.3f} |")
+                         f"| {m['top3_recent']:.3f} | {paired(m, 'top3')} | {m['referenced_kept']:.3f} "
+                         f"| {m['referenced_recent']:.3f} | {paired(m, 'referenced')} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def paired(means: dict[str, float], metric: str) -> str:
+    """``+0.026 ± 0.044 (18 / 17)``: the paired difference of `evidence_means` for ``metric``."""
+    return (f"{means[f'{metric}_delta']:+.3f} ± {means[f'{metric}_delta_se']:.3f} "
+            f"({means[f'{metric}_better']} / {means[f'{metric}_worse']})")
 
 
 def relative(totals: dict[str, Totals], cached_price: float) -> dict[str, dict[str, float]]:
@@ -261,9 +305,7 @@ def markdown(groups: dict[str, dict[str, Totals]], runs_per_group: dict[str, int
              cached_price: float) -> str:
     """One table per group: tokens, price, cached share, prefix breaks and embedding tokens vs the full history."""
     lines = [f"Cached input priced at {cached_price:g}, uncached at 1; ratios are pooled sums over runs.", ""]
-    order = [ALL_RUNS] + sorted(g for g in groups if g != ALL_RUNS)
-    for group in order:
-        totals = groups[group]
+    for group, totals in groups.items():
         rel = relative(totals, cached_price)
         lines += [f"**{group}** ({runs_per_group[group]} runs, {totals[BASELINE].calls} calls)", "",
                   "| policy | input tokens | tokens vs full | price vs full | cached | prefix breaks / call "
@@ -278,17 +320,18 @@ def markdown(groups: dict[str, dict[str, Totals]], runs_per_group: dict[str, int
     return "\n".join(lines)
 
 
-def report(replays: Sequence[RunReplay], options: PolicyOptions, cached_price: float) -> dict[str, Any]:
+def report(replays: Sequence[RunReplay], options: PolicyOptions, cached_price: float,
+           long_runs: Sequence[int] = ()) -> dict[str, Any]:
     """Everything as JSON-ready data: options, per-run totals and per-call costs, pooled totals and ratios."""
     pooled_out: dict[str, dict[str, Any]] = {}
-    for group, totals in pooled(replays).items():
+    for group, totals in pooled(replays, long_runs).items():
         rel = relative(totals, cached_price)
         pooled_out[group] = {policy: {**asdict(t), "price": t.price(cached_price), "relative": rel[policy]}
                              for policy, t in totals.items()}
     return {
-        "options": asdict(options), "cached_price": cached_price, "pooled": pooled_out,
+        "options": asdict(options), "cached_price": cached_price, "long_runs": list(long_runs), "pooled": pooled_out,
         "evidence": {group: {policy: evidence_means(rows) for policy, rows in by_policy.items()}
-                     for group, by_policy in pooled_evidence(replays).items()},
+                     for group, by_policy in pooled_evidence(replays, long_runs).items()},
         "runs": [{"name": r.name, "format": r.format, "path": r.path,
                   "totals": {policy: asdict(t) for policy, t in r.totals().items()},
                   "calls": {policy: [[c.input, c.cached, c.embedding, int(c.prefix_broken)] for c in costs]
@@ -306,7 +349,7 @@ def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, cached_pr
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 5))
-    markers = dict(zip(sorted(groups, key=lambda g: g != ALL_RUNS), "o^sDvP*X"))
+    markers = dict(zip(groups, itertools.cycle("o^sDvP*X")))
     colours = {}
     for group, totals in groups.items():
         for policy, r in relative(totals, cached_price).items():
@@ -350,6 +393,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--evidence-policies", default=",".join(EVIDENCE_POLICIES),
                         help="comma-separated policies whose rewrites get the next-action evidence metrics "
                              "(default %(default)s; empty: none)")
+    parser.add_argument("--long-runs", default=",".join(map(str, LONG_RUNS)),
+                        help="comma-separated call counts N: also pool the runs with at least N calls "
+                             "(default %(default)s; empty: none)")
     parser.add_argument("--out", type=Path, help="write online.md, online.json and online.png here")
     parser.add_argument("--workers", type=int, default=1, help="processes (default %(default)s; MiniLM: keep 1)")
     return parser
@@ -361,6 +407,7 @@ def run(args: argparse.Namespace) -> int:
     evidence = tuple(p for p in args.evidence_policies.split(",") if p)
     try:
         check_policies(names + list(evidence))
+        long_runs = call_counts(args.long_runs)
         options = PolicyOptions(args.window, args.mask_after, args.encoder, args.amortized_budget,
                                 args.amortized_keep)
         if args.price_cached < 0 or args.workers < 1:
@@ -378,19 +425,30 @@ def run(args: argparse.Namespace) -> int:
     if not replays:
         print("gem online: no run could be replayed", file=sys.stderr)
         return 2
-    groups = pooled(replays)
-    counts = {group: sum(1 for r in replays if group in (ALL_RUNS, r.format)) for group in groups}
+    groups = pooled(replays, long_runs)
+    counts = {group: sum(1 for r in replays if group in r.groups(long_runs)) for group in groups}
     table = markdown(groups, counts, options, args.price_cached)
     if any(replay.evidence for replay in replays):
-        table += "\n" + evidence_markdown(pooled_evidence(replays), options)
+        table += "\n" + evidence_markdown(pooled_evidence(replays, long_runs), options)
     print(table)
     print(f"{len(replays)} runs in {time.perf_counter() - started:.1f} s, encoder {args.encoder}", file=sys.stderr)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "online.md").write_text(table)
-        (args.out / "online.json").write_text(json.dumps(report(replays, options, args.price_cached), indent=1))
+        (args.out / "online.json").write_text(json.dumps(report(replays, options, args.price_cached, long_runs), indent=1))
         try:
             plot(groups, options, args.price_cached, args.out / "online.png")
         except ImportError:
             print("gem online: no plot: matplotlib is not installed", file=sys.stderr)
     return 0
+
+
+def call_counts(text: str) -> tuple[int, ...]:
+    """``"40,60"`` -> (40, 60): positive call counts, ascending, without repeats; ``ValueError`` otherwise."""
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise ValueError(f"--long-runs must be comma-separated call counts, got {text!r}") from None
+    if counts and counts[0] < 1:
+        raise ValueError(f"--long-runs call counts must be positive, got {text!r}")
+    return tuple(counts)

@@ -12,7 +12,7 @@ from gemkernels import GEM, GEMConfig
 from gemkernels.blocks import parse_history
 from gemkernels.encoders import CachedEncoder, HashEncoder
 from gemkernels.evidence import EvidenceConfig
-from gemkernels.gem import repay_reason
+from gemkernels.gem import renewal_gap, repay_reason
 from gemkernels.online_policies import AmortizedForgetting
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -95,10 +95,13 @@ def equal_blocks(num_blocks: int) -> list[dict]:
 
 
 # Keep exactly the last 4 blocks at a rewrite (recent protection only; the newest k = 4 leave no room),
-# so with block size s: F = m s (m forwarded), K = M = 4 s, and a rewrite happens at n blocks iff
-# 0.1 (m - 4) (n / 3 + 1) > 0.9 * 4. From the full history (m = n): first at n = 12 (0.1 * 8 * 5 = 4.0 > 3.6,
-# n = 11: 0.1 * 7 * 4.67 = 3.27); then m = 4 + n - 12: n = 18 (0.1 * 6 * 7 = 4.2; n = 17: 0.1 * 5 * 6.67 = 3.33),
-# n = 23 (0.1 * 5 * 8.67 = 4.33), n = 27 (0.1 * 4 * 10 = 4.0; n = 26: 0.1 * 3 * 9.67 = 2.9).
+# so with block size s: F = m s (m forwarded), K = M = 4 s, and a rewrite happens at n blocks iff it repays,
+# 0.1 (m - 4) (R + 1) > 0.9 * 4 with R = n / 3, and the saving has reached the renewal gap,
+# (m - 4) s >= sqrt(2 * 0.9 * 4 s * s / 0.1) = 8.49 s, i.e. m >= 13. From the full history (m = n): first at
+# n = 13 (repays: 0.1 * 9 * 5.33 = 4.8 > 3.6; n = 12 is short of the gap), then m = 4 + n - 13: n = 22 (gap
+# again 9 blocks; repays 0.1 * 9 * 8.33 = 7.5). With R = n / 20 the repay rule binds instead: first at n = 22
+# (0.1 * 18 * 2.1 = 3.78; n = 21: 0.1 * 17 * 2.05 = 3.49), then m = 4 + n - 22: n = 36 (0.1 * 14 * 2.8 = 3.92;
+# n = 35: 0.1 * 13 * 2.75 = 3.58), though the gap is reached at n = 31.
 REPAY = GEMConfig(k=4, tau=1.0, delta=1.0, min_blocks=5, repay_factor=1 / 3, cached_price=0.1,
                   keep_recent_size=True, reselect_on_goal_change=False,
                   evidence=EvidenceConfig(recent=4, goal=0, state=0, error=0, source=0))
@@ -114,14 +117,25 @@ def walk(config: GEMConfig, messages: list[dict]) -> tuple[list[int], list, list
 
 def test_repay_reason_by_hand():
     sizes = [10] * 30
-    # F = 300, K = 100, M = 100 (block 0 dropped first): saving 0.1 * 200 * (R + 1) vs miss 0.9 * 100
+    # F = 300, K = 100, M = 100 (block 0 dropped first): saving 0.1 * 200 * (R + 1) vs miss 0.9 * 100;
+    # the renewal gap sqrt(2 * 0.9 * 100 * 10 / 0.1) = 134 < 200
     assert repay_reason(set(range(30)), set(range(20, 30)), sizes, replace(REPAY, repay_factor=0.1)) is None
     assert repay_reason(set(range(30)), set(range(20, 30)), sizes, replace(REPAY, repay_factor=0.2)) is not None
     assert repay_reason(set(range(30)), set(range(30)), sizes, REPAY) is None  # nothing changes
-    # only the kept tokens after the first change are re-sent: dropping block 28 of 30 misses 0.9 * 10 once
-    # and saves 0.1 * 10 * (R + 1): R = 6 does not repay it, R = 15 does
-    assert repay_reason(set(range(30)), set(range(30)) - {28}, sizes, replace(REPAY, repay_factor=0.2)) is None
-    assert repay_reason(set(range(30)), set(range(30)) - {28}, sizes, replace(REPAY, repay_factor=0.5)) is not None
+    # dropping block 28 of 30 re-sends block 29 (M = 10) and saves 0.1 * 10 * (R + 1): with R = 15 it repays
+    # (17.5 > 9) but 10 tokens a call is short of the gap sqrt(2 * 0.9 * 10 * 10 / 0.1) = 42: wait and cut deeper
+    assert repay_reason(set(range(30)), set(range(30)) - {28}, sizes, replace(REPAY, repay_factor=0.5)) is None
+    # without caching (price 1) the gap is 0 and any repaying cut is due; a free cache never repays one
+    assert repay_reason(set(range(30)), set(range(30)) - {28}, sizes, replace(REPAY, cached_price=1.0)) is not None
+    assert repay_reason(set(range(30)), set(range(20, 30)), sizes, replace(REPAY, cached_price=0.0)) is None
+
+
+def test_renewal_gap_minimises_the_cost_per_call():
+    resent, per_call, c, context = 400.0, 25.0, 0.1, 400.0
+    def cost_per_call(g):
+        return c * (context + per_call * (g + 1) / 2) + (1 - c) * resent / g
+    best = min(range(1, 200), key=cost_per_call)
+    assert abs(renewal_gap(resent, per_call, c) / per_call - best) < 1
 
 
 def test_run_too_short_to_repay_a_rewrite_gets_none():
@@ -131,8 +145,9 @@ def test_run_too_short_to_repay_a_rewrite_gets_none():
 
 
 def test_long_run_rewrites_at_the_expected_calls():
+    assert walk(replace(REPAY, repay_factor=1 / 20), equal_blocks(40))[0] == [22, 36]
     rewrites, stats, outs = walk(REPAY, equal_blocks(30))
-    assert rewrites == [12, 18, 23, 27]
+    assert rewrites == [13, 22]
     for s in stats:
         if s.action == "reselected":
             assert s.removed_blocks == list(range(s.blocks - 4)) and "repays" in s.reason

@@ -13,7 +13,8 @@ from gemkernels.costs import CallCost, Totals
 from gemkernels.encoders import CachedEncoder, HashEncoder
 from gemkernels.loaders import Run, checkpoints
 from gemkernels.online_policies import POLICIES, GEMPolicy, Masking, PolicyOptions, Window
-from gemkernels.online_replay import add_parser, markdown, pooled, relative, replay_run, replay_runs, report, run
+from gemkernels.online_replay import (RewriteEvidence, add_parser, evidence_markdown, evidence_means, markdown,
+                                      pooled, pooled_evidence, relative, replay_run, replay_runs, report, run)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 OPTIONS = PolicyOptions(window=1, mask_after=1, encoder="hash")
@@ -162,6 +163,35 @@ def test_report_and_table_pool_runs_by_format():
     assert data["runs"][0]["calls"]["window"][2] == [29, 14, 0, 1]
 
 
+def test_runs_pool_into_length_groups_after_the_format_groups():
+    three = replay_run(three_call_run(), ["full", "window"], OPTIONS, encoder_by_name, encode=str.split)
+    assert three.groups((2, 3, 4)) == ["all", "openai", "2+ calls", "3+ calls"]
+    groups = pooled([three, three], long_runs=(4, 3))
+    assert list(groups) == ["all", "openai", "3+ calls"]  # no run reaches 4 calls
+    assert groups["3+ calls"] == groups["all"] and groups["all"]["full"] == Totals(6, 174, 74, 0, 0)
+    data = json.loads(json.dumps(report([three], OPTIONS, 0.1, long_runs=(3,))))
+    assert data["long_runs"] == [3] and set(data["pooled"]) == {"all", "openai", "3+ calls"}
+
+
+def evidence_row(top3: tuple[float, float], referenced: tuple[float, float] | None) -> RewriteEvidence:
+    return RewriteEvidence(0, 20, 10, 8, 100, *top3, *(referenced or (None, None)))
+
+
+def test_evidence_means_pair_kept_with_recent_per_rewrite():
+    rows = [evidence_row((1.0, 0.0), (0.5, 0.5)), evidence_row((1 / 3, 2 / 3), None), evidence_row((1.0, 1.0), (1.0, 0.0))]
+    m = evidence_means(rows)
+    # top3 deltas 1, -1/3, 0: mean 2/9, sample sd sqrt(((7/9)^2 + (5/9)^2 + (2/9)^2) / 2), se = sd / sqrt(3)
+    assert m["rewrites"] == 3 and m["top3_kept"] == pytest.approx(7 / 9) and m["top3_delta"] == pytest.approx(2 / 9)
+    assert m["top3_delta_se"] == pytest.approx(((49 + 25 + 4) / 81 / 2) ** 0.5 / 3 ** 0.5)
+    assert (m["top3_better"], m["top3_worse"]) == (1, 1)
+    # referenced only where the action names an earlier block: deltas 0 and 1
+    assert m["referenced_delta"] == pytest.approx(0.5) and (m["referenced_better"], m["referenced_worse"]) == (1, 0)
+    single = evidence_means(rows[:1])
+    assert single["top3_delta"] == 1.0 and single["top3_delta_se"] != single["top3_delta_se"]  # nan: one rewrite
+    table = evidence_markdown({"all": {"amortized": rows}}, OPTIONS)
+    assert "| amortized(40->20) | 3 | 0.778 | 0.556 | +0.222 ± 0.401 (1 / 1) | 0.750 | 0.250 | +0.500 ± 0.500 (1 / 0) |" in table
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
@@ -182,7 +212,8 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--policies", "nope"], ["--window", "-1"], ["--price-cached", "-0.1"],
-                                  ["--workers", "0"], ["--encoder", "nope"]])
+                                  ["--workers", "0"], ["--encoder", "nope"], ["--long-runs", "40,x"],
+                                  ["--long-runs", "0"]])
 def test_cli_rejects_bad_options(argv, capsys):
     assert run(parse(["online", str(FIXTURES), *argv])) == 2
     assert "gem online" in capsys.readouterr().err
