@@ -89,11 +89,12 @@ PRESETS: dict[str, GEMConfig] = {
     # Amortized and evidence-aware: forward everything, rewrite when the cost model says so (it repays within
     # the expected remaining calls, 0.5 x blocks so far, and the per-call saving has reached the renewal gap,
     # cached tokens at 0.1) or when more than 40 blocks would be forwarded; a rewrite keeps what GEM selects
-    # (evidence first, then residual completion to 95% coverage) within the tokens of the newest 15 blocks,
-    # then appends only. Goal changes wait for the next rewrite (a rewrite breaks the cache).
-    # Measured in docs/cache_aware.md.
+    # (evidence first, the newest 10 blocks among it, then residual completion to 95% coverage) within the
+    # tokens of the newest 15 blocks, then appends only. Goal changes wait for the next rewrite (a rewrite
+    # breaks the cache). Measured in docs/cache_aware.md.
     "cache-aware": GEMConfig(k=15, tau=0.95, delta=1.0, min_blocks=16, rewrite_above_blocks=40, repay_factor=0.5,
-                             cached_price=0.1, keep_recent_size=True, reselect_on_goal_change=False),
+                             cached_price=0.1, keep_recent_size=True, reselect_on_goal_change=False,
+                             evidence=EvidenceConfig(recent=10)),
 }
 
 

@@ -52,6 +52,7 @@ DEFAULT_POLICIES = ("full", "masking", "window", "amortized", "gem-paper", "gem-
                     "gem-cache-aware")
 EVIDENCE_POLICIES = ("amortized", "gem-cache-aware")
 LONG_RUNS = (40, 60)
+POLICY_COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9", "black")  # no grey: the group markers
 ALL_RUNS = "all"
 EMBEDDING_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemkernels" / "embeddings"
 
@@ -353,11 +354,11 @@ def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, cached_pr
     colours = {}
     for group, totals in groups.items():
         for policy, r in relative(totals, cached_price).items():
-            colour = colours.setdefault(policy, f"C{len(colours)}")
+            colour = colours.setdefault(policy, POLICY_COLOURS[len(colours) % len(POLICY_COLOURS)])
             ax.scatter(r["tokens"], r["price"], color=colour, marker=markers[group], s=70 if group == ALL_RUNS else 35,
                        label=policy_label(policy, options) if group == ALL_RUNS else None)
     for group, marker in markers.items():
-        ax.scatter([], [], color="grey", marker=marker, label=group)
+        ax.scatter([], [], facecolors="none", edgecolors="black", marker=marker, label=group)
     ax.axhline(1, color="grey", lw=0.5)
     ax.axvline(1, color="grey", lw=0.5)
     ax.set_xlabel("input tokens vs full history")
