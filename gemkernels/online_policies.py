@@ -9,21 +9,25 @@ Built-ins: ``full`` (the history as recorded), ``window`` (Window(K): every mess
 is not part of a removable block, plus the last K blocks), ``masking`` (tool outputs of all
 but the last M blocks replaced by a placeholder, as SWE-agent's ``LastNObservations`` and
 OpenHands' observation masking do) and ``gem-<preset>`` (one `GEM` per run with a fixed
-session id, so its reselect/append policy runs). Add a policy by registering a builder in
-`POLICIES`.
+session id, so its reselect/append policy runs). ``gem-<preset>:field=value:...`` is that
+preset with `GEMConfig` fields overridden (``evidence.<field>`` for the evidence limits),
+e.g. ``gem-cache-aware:k=20:evidence.recent=4``. Add a policy by registering a builder in
+`POLICIES`; `policy_builder` resolves a name.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from .blocks import OPENAI, History, parse_history, reconstruct
-from .config import PRESETS
+from .config import PRESETS, GEMConfig, resolve_config
+from .evidence import EvidenceConfig
 from .encoders import Encoder
 from .gem import GEM
 from .loaders import Run
@@ -146,9 +150,9 @@ class GEMPolicy:
     representation texts and the goal): with GEM's per-session block cache each block is embedded once.
     """
 
-    def __init__(self, preset: str, encoder: Encoder, session_id: str, goal: str | None):
+    def __init__(self, config: GEMConfig | str, encoder: Encoder, session_id: str, goal: str | None):
         self.recorder = RecordingEncoder(encoder)
-        self.gem = GEM(preset, encoder=self.recorder, token_counter=None)
+        self.gem = GEM(config, encoder=self.recorder, token_counter=None)
         self.session_id, self.goal = session_id, goal
 
     def __call__(self, messages: Messages) -> Forwarded:
@@ -160,9 +164,10 @@ class GEMPolicy:
 PolicyBuilder = Callable[[Run, PolicyOptions, Callable[[str], Encoder]], Policy]
 
 
-def gem_policy(preset: str, run: Run, options: PolicyOptions, encoder: Callable[[str], Encoder]) -> GEMPolicy:
-    """GEM with ``preset`` for ``run``: session id ``online:<run name>``, goal the run's recorded task."""
-    return GEMPolicy(preset, encoder(options.encoder), f"online:{run.name}", run.goal)
+def gem_policy(config: GEMConfig | str, run: Run, options: PolicyOptions,
+               encoder: Callable[[str], Encoder]) -> GEMPolicy:
+    """GEM with ``config`` (or a preset name) for ``run``: session id ``online:<run name>``, goal the run's task."""
+    return GEMPolicy(config, encoder(options.encoder), f"online:{run.name}", run.goal)
 
 
 # name -> builder(run, options, encoder_by_name); one policy object per run.
@@ -173,6 +178,58 @@ POLICIES: dict[str, PolicyBuilder] = {
     "amortized": lambda run, options, encoder: AmortizedForgetting(options.amortized_budget, options.amortized_keep),
     **{f"gem-{preset}": partial(gem_policy, preset) for preset in PRESETS},
 }
+
+
+def policy_builder(name: str) -> PolicyBuilder:
+    """The builder of a registered policy, or of ``gem-<preset>:field=value:...`` (a preset with `GEMConfig`
+    overrides; ``evidence.<field>`` sets an `EvidenceConfig` limit); ``ValueError`` naming what is wrong."""
+    if name in POLICIES:
+        return POLICIES[name]
+    base, *overrides = name.split(":")
+    if not base.startswith("gem-") or base[4:] not in PRESETS or not overrides:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}, or gem-<preset>:field=value:...")
+    return partial(gem_policy, preset_with_overrides(base[4:], overrides))
+
+
+def preset_with_overrides(preset: str, overrides: Sequence[str]) -> GEMConfig:
+    """``preset`` with each ``field=value`` (a Python literal) applied; ``evidence.<field>`` for evidence limits."""
+    top: dict[str, Any] = {}
+    evidence: dict[str, Any] = {}
+    types = {f.name: str(f.type) for f in fields(GEMConfig) if f.name != "evidence"}
+    evidence_types = {f"evidence.{f.name}": str(f.type) for f in fields(EvidenceConfig)}
+    for item in overrides:
+        field, sep, text = item.partition("=")
+        annotation = types.get(field) or evidence_types.get(field)
+        if not sep or annotation is None:
+            raise ValueError(f"override {item!r} is not field=value with a field of GEMConfig "
+                             f"({', '.join(types)}) or {', '.join(evidence_types)}")
+        value = override_value(item, text, annotation)
+        if field in types:
+            top[field] = value
+        else:
+            evidence[field.removeprefix("evidence.")] = value
+    config = resolve_config(preset, **top)
+    return replace(config, evidence=replace(config.evidence, **evidence)) if evidence else config
+
+
+def override_value(item: str, text: str, annotation: str) -> Any:
+    """``text`` as a value of a field annotated ``annotation`` (str, bool, int, float, optionally None)."""
+    if annotation == "str":
+        return text
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text
+    if value is None and "None" in annotation:
+        return value
+    if isinstance(value, bool):
+        if "bool" in annotation:
+            return value
+    elif isinstance(value, int) and ("int" in annotation or "float" in annotation):
+        return value
+    elif isinstance(value, float) and "float" in annotation:
+        return value
+    raise ValueError(f"override {item!r}: {text!r} is not a value of type {annotation}")
 
 
 def policy_label(name: str, options: PolicyOptions) -> str:

@@ -43,7 +43,7 @@ from .costs import CACHED_PRICE, CallCost, Encode, TokenCache, Totals, call_cost
 from .encoders import Encoder, make_encoder
 from .loaders import Run, checkpoints, load_runs
 from .metrics import argument_strings, block_words, nearest, referenced_blocks, references, retained_fraction
-from .online_policies import POLICIES, PolicyOptions, policy_label
+from .online_policies import POLICIES, PolicyOptions, policy_builder, policy_label
 from .replay import EmbeddingCache, action_text
 from .representation import block_text
 
@@ -129,7 +129,7 @@ def replay_run(run: Run, policies: Sequence[str], options: PolicyOptions,
     tokenizer (default o200k); the policies in ``evidence`` (those replayed) get `RewriteEvidence` at each rewrite.
     """
     check_policies(policies)
-    live = {name: POLICIES[name](run, options, encoder) for name in policies}
+    live = {name: policy_builder(name)(run, options, encoder) for name in policies}
     tokens = TokenCache(encode)
     previous: dict[str, list[tuple[int, ...]] | None] = dict.fromkeys(policies)
     calls: dict[str, list[CallCost]] = {name: [] for name in policies}
@@ -201,10 +201,9 @@ def evidence_means(rows: Sequence[RewriteEvidence]) -> dict[str, float]:
 
 
 def check_policies(names: Iterable[str]) -> None:
-    """``ValueError`` naming any policy that is not registered in `POLICIES`."""
-    unknown = [name for name in names if name not in POLICIES]
-    if unknown:
-        raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+    """``ValueError`` naming the first policy name that `policy_builder` cannot resolve."""
+    for name in names:
+        policy_builder(name)
 
 
 def replay_or_error(run: Run, policies: Sequence[str], options: PolicyOptions,
@@ -309,13 +308,13 @@ def markdown(groups: dict[str, dict[str, Totals]], runs_per_group: dict[str, int
     for group, totals in groups.items():
         rel = relative(totals, cached_price)
         lines += [f"**{group}** ({runs_per_group[group]} runs, {totals[BASELINE].calls} calls)", "",
-                  "| policy | input tokens | tokens vs full | price vs full | cached | prefix breaks / call "
-                  "| embedding tokens | tokens + embedding vs full |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| policy | input tokens | tokens vs full | price vs full | cached tokens | uncached tokens "
+                  "| prefix breaks / call | embedding tokens | tokens + embedding vs full |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for policy, t in totals.items():
             r = rel[policy]
             lines.append(f"| {policy_label(policy, options)} | {t.input:,} | {r['tokens']:.3f} | {r['price']:.3f} "
-                         f"| {r['cached_fraction']:.3f} | {t.prefix_breaks / max(t.calls, 1):.3f} "
+                         f"| {t.cached:,} | {t.uncached:,} | {t.prefix_breaks / max(t.calls, 1):.3f} "
                          f"| {t.embedding:,} | {r['combined']:.3f} |")
         lines.append("")
     return "\n".join(lines)
@@ -376,8 +375,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                   "and price under each forwarding policy")
     parser.add_argument("paths", nargs="+", help="run files, directories or globs (any format `gem compress` reads)")
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                        help=f"comma-separated, from {', '.join(POLICIES)} (full is always added); "
-                             "default %(default)s")
+                        help=f"comma-separated, from {', '.join(POLICIES)}, or gem-<preset>:field=value:... "
+                             "(a preset with GEMConfig overrides, evidence.<field> for evidence limits; "
+                             "full is always added); default %(default)s")
     parser.add_argument("--price-cached", type=float, default=CACHED_PRICE,
                         help="price of a cached input token relative to an uncached one (default %(default)s)")
     parser.add_argument("--window", type=int, default=PolicyOptions.window, help="K of window (default %(default)s)")

@@ -3,16 +3,19 @@
 import argparse
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from gemkernels import GEM
 from gemkernels.blocks import parse_history
-from gemkernels.costs import CallCost, Totals
+from gemkernels.costs import CallCost, TokenCache, Totals, call_cost
 from gemkernels.encoders import CachedEncoder, HashEncoder
 from gemkernels.loaders import Run, checkpoints
-from gemkernels.online_policies import POLICIES, GEMPolicy, Masking, PolicyOptions, Window
+from gemkernels.config import resolve_config
+from gemkernels.online_policies import (POLICIES, GEMPolicy, Masking, PolicyOptions, Window, policy_builder,
+                                        preset_with_overrides)
 from gemkernels.online_replay import (RewriteEvidence, add_parser, evidence_markdown, evidence_means, markdown,
                                       pooled, pooled_evidence, relative, replay_run, replay_runs, report, run)
 
@@ -132,6 +135,33 @@ def test_gem_policy_equals_calling_gem_directly():
     assert "Fix the failing test" in embedded
 
 
+def test_preset_overrides_build_the_config_they_name():
+    config = preset_with_overrides("cache-aware", ["k=20", "evidence.recent=4", "repay_factor=None", "tau=1"])
+    base = resolve_config("cache-aware")
+    assert config == replace(base, k=20, repay_factor=None, tau=1, evidence=replace(base.evidence, recent=4))
+    name = "gem-cache-aware:k=20:evidence.recent=4"
+    run_ = Run("r", "openai", synthetic(60), "Fix it", "<memory>")
+    replayed = replay_run(run_, ["full", name], OPTIONS, encoder_by_name).calls[name]
+    direct = GEMPolicy(preset_with_overrides("cache-aware", ["k=20", "evidence.recent=4"]), ENCODER, "online:r", "Fix it")
+    tokens = TokenCache()
+    previous = None
+    for cost, position in zip(replayed, checkpoints(run_.messages)):
+        forwarded = direct(run_.messages[:position])
+        current = tokens.request(forwarded.messages)
+        embedding = sum(len(tokens.text(text)) for text in forwarded.embedded)
+        assert cost == call_cost(previous, current, embedding)
+        previous = current
+    assert any(c.prefix_broken for c in replayed)  # the overridden preset did rewrite
+
+
+@pytest.mark.parametrize("name", ["gem-nope:k=2", "window:k=1", "gem-paper:", "gem-paper:k", "gem-paper:nope=1",
+                                  "gem-paper:k=1.5", "gem-paper:k=None", "gem-paper:keep_recent_size=1",
+                                  "gem-paper:tau=2", "gem-paper:evidence.recent=-1", "gem-paper:evidence.nope=1"])
+def test_bad_policy_names_are_refused_with_the_reason(name):
+    with pytest.raises(ValueError):
+        policy_builder(name)
+
+
 def test_replay_is_deterministic_in_and_across_processes():
     messages = synthetic(30)
     runs = [Run(f"r{i}", "openai", messages[:len(messages) - 6 * i], "Fix it", "<memory>") for i in range(3)]
@@ -157,7 +187,7 @@ def test_report_and_table_pool_runs_by_format():
     assert set(groups) == {"all", "openai"}
     assert groups["all"]["full"] == Totals(6, 174, 74, 0, 0)
     table = markdown(groups, {"all": 2, "openai": 2}, OPTIONS, 0.1)
-    assert "| window(1) | 132 | 0.759 | 0.860 |" in table
+    assert "| window(1) | 132 | 0.759 | 0.860 | 44 | 88 |" in table
     data = json.loads(json.dumps(report(replays, OPTIONS, 0.1)))
     assert data["pooled"]["all"]["window"]["relative"]["tokens"] == pytest.approx(66 / 87)
     assert data["runs"][0]["calls"]["window"][2] == [29, 14, 0, 1]
@@ -200,11 +230,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    code = run(parse(["online", str(FIXTURES), "--encoder", "hash", "--policies", "window,gem-paper",
+    code = run(parse(["online", str(FIXTURES), "--encoder", "hash", "--policies", "window,gem-paper:delta=0.5",
                       "--window", "2", "--out", str(tmp_path)]))
     assert code == 0
     table = capsys.readouterr().out
-    assert "| full |" in table and "| window(2) |" in table and "| gem-paper |" in table
+    assert "| full |" in table and "| window(2) |" in table and "| gem-paper:delta=0.5 |" in table
     assert (tmp_path / "online.md").read_text().strip() == table.strip()
     data = json.loads((tmp_path / "online.json").read_text())
     assert data["pooled"]["all"]["full"]["relative"]["tokens"] == 1.0 and len(data["runs"]) == 9
