@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import analyze_cli, benchmark, online_replay, replay
-from .config import PRESETS
+from .config import OVERRIDE_HELP, PRESETS, with_overrides
 from .gem import GEM, CompressionStats
 from .loaders import checkpoints, read_runs
 
@@ -110,7 +110,12 @@ def run_compress(args: argparse.Namespace) -> int:
             print(f"gem compress: --step must lie in [0, {len(starts) - 1}] for this run", file=sys.stderr)
             return 2
         messages = messages[:starts[args.step]]
-    gem = GEM(args.preset, encoder=args.encoder)
+    try:
+        config = with_overrides(args.preset, args.set)
+    except ValueError as err:
+        print(f"gem compress: {err}", file=sys.stderr)
+        return 2
+    gem = GEM(config, encoder=args.encoder)
     result = gem.compress(messages, session_id=args.session, goal=args.goal or recorded_goal)
     print(summary(result.stats, block_labels(result.stats) if args.verbose else {}), file=sys.stderr)
     if args.output:
@@ -134,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     comp.add_argument("--encoder", default="minilm",
                       help="minilm (default, offline), hash, hash-<dim>, or openai:<model>[:<dimensions>]")
     comp.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="default %(default)s")
+    comp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help=OVERRIDE_HELP)
     comp.add_argument("--step", type=int, help="cut a recorded run before its N-th assistant action")
     comp.add_argument("--run", help="which run of a multi-run file (tau-bench)")
     comp.add_argument("--session", help="session id (default: derived from the prefix)")

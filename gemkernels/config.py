@@ -11,7 +11,9 @@ over the expected remaining calls repays the one-time cache miss.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import ast
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .evidence import EvidenceConfig
@@ -32,10 +34,11 @@ class GEMConfig:
     rewrites when a budget is passed or when the cost model repays it: with F the tokens of the blocks
     appending would forward, K those a rewrite keeps, M the kept tokens from the first changed block on
     (re-sent uncached once) and R = ``repay_factor`` x blocks so far (the expected remaining calls),
-    rewrite if ``cached_price * (F - K) * (R + 1) > (1 - cached_price) * M`` (it repays) and F - K has
-    reached the renewal gap ``sqrt(2 (1 - cached_price) M a / cached_price)``, a the mean block tokens (the
-    per-call saving at which the cycle of growth and rewrite is cheapest; `gem.renewal_gap`). ``cached_price`` is the
-    provider's price of a cached input token relative to an uncached one (0.1: Anthropic's cache reads).
+    rewrite if ``c * (F - K) * (R + 1) > (u - c) * M`` (it repays) and F - K has reached the renewal gap
+    ``sqrt(2 (u - c) M a / c)``, a the mean block tokens (the per-call saving at which the cycle of growth
+    and rewrite is cheapest; `gem.renewal_gap`), with c = ``cached_price`` and u = ``uncached_price``: the
+    provider's prices of a cached and of an uncached input token relative to a plain one (e.g. 0.1 and 1.25
+    for Anthropic's cache reads and 5-minute cache writes; 1.0 where writing the cache costs nothing extra).
     ``keep_recent_size``: a rewrite keeps GEM's picks (protected first, then residual completion order)
     while their tokens fit those of the newest ``k`` blocks (the size amortized forgetting keeps;
     protected blocks are kept even past it), instead of at most ``k`` blocks. Tokens are the GEM's
@@ -51,6 +54,7 @@ class GEMConfig:
     rewrite_above_tokens: int | None = None
     repay_factor: float | None = None
     cached_price: float = 0.1
+    uncached_price: float = 1.0
     keep_recent_size: bool = False
     delta: float = 0.05
     max_text_chars: int = 12_000
@@ -72,8 +76,9 @@ class GEMConfig:
             raise ValueError(f"rewrite_above_tokens must be positive, got {self.rewrite_above_tokens}")
         if self.repay_factor is not None and self.repay_factor <= 0:
             raise ValueError(f"repay_factor must be positive, got {self.repay_factor}")
-        if not 0 <= self.cached_price <= 1:
-            raise ValueError(f"cached_price must lie in [0, 1], got {self.cached_price}")
+        if not 0 <= self.cached_price <= self.uncached_price or self.uncached_price <= 0:
+            raise ValueError(f"need 0 <= cached_price <= uncached_price and uncached_price > 0, got "
+                             f"{self.cached_price} and {self.uncached_price}")
 
     @property
     def budgeted(self) -> bool:
@@ -109,3 +114,49 @@ def resolve_config(config: GEMConfig | str | None, **overrides: Any) -> GEMConfi
     if not isinstance(config, GEMConfig):
         raise TypeError(f"config must be a GEMConfig or a preset name, got {type(config).__name__}")
     return replace(config, **overrides) if overrides else config
+
+
+OVERRIDE_HELP = ("override a field of the preset's GEMConfig (repeatable), e.g. --set uncached_price=1.25 "
+                 "--set rewrite_above_tokens=100000 --set evidence.recent=8")
+
+
+def with_overrides(config: GEMConfig | str, overrides: Sequence[str]) -> GEMConfig:
+    """``config`` (or a preset name) with each ``field=value`` applied (a Python literal, a plain string for
+    ``backend``; ``evidence.<field>`` for the evidence limits); ``ValueError`` naming a bad item."""
+    top: dict[str, Any] = {}
+    evidence: dict[str, Any] = {}
+    types = {f.name: str(f.type) for f in fields(GEMConfig) if f.name != "evidence"}
+    evidence_types = {f"evidence.{f.name}": str(f.type) for f in fields(EvidenceConfig)}
+    for item in overrides:
+        name, sep, text = item.partition("=")
+        annotation = types.get(name) or evidence_types.get(name)
+        if not sep or annotation is None:
+            raise ValueError(f"override {item!r} is not field=value with a field of GEMConfig "
+                             f"({', '.join(types)}) or {', '.join(evidence_types)}")
+        value = override_value(item, text, annotation)
+        if name in types:
+            top[name] = value
+        else:
+            evidence[name.removeprefix("evidence.")] = value
+    config = resolve_config(config, **top)
+    return replace(config, evidence=replace(config.evidence, **evidence)) if evidence else config
+
+
+def override_value(item: str, text: str, annotation: str) -> Any:
+    """``text`` as a value of a field annotated ``annotation`` (str, bool, int, float, optionally None)."""
+    if annotation == "str":
+        return text
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text
+    if value is None and "None" in annotation:
+        return value
+    if isinstance(value, bool):
+        if "bool" in annotation:
+            return value
+    elif isinstance(value, int) and ("int" in annotation or "float" in annotation):
+        return value
+    elif isinstance(value, float) and "float" in annotation:
+        return value
+    raise ValueError(f"override {item!r}: {text!r} is not a value of type {annotation}")

@@ -6,7 +6,7 @@ ensure_ascii=False)`` (as `GEM`'s own token counts are) and tokenised with o200k
 common token prefix with the previous request of the same policy, computed over
 per-message token lists (whole identical messages, then the common token prefix of the
 first differing message); everything after it is uncached. The price-weighted total bills
-cached tokens at ``cached_price`` (default 0.1) and uncached tokens at 1.0.
+cached and uncached tokens at a provider's `Prices` (default 0.1 and 1.0 of a plain input token).
 """
 
 from __future__ import annotations
@@ -19,7 +19,24 @@ from typing import Any
 
 Tokens = tuple[int, ...]
 Encode = Callable[[str], Sequence[int]]
-CACHED_PRICE = 0.1
+
+
+@dataclass(frozen=True)
+class Prices:
+    """A provider's input prices relative to a plain input token: ``cached`` (read from the prompt cache) and
+    ``uncached`` (sent fresh; 1.25 where writing the cache costs extra, as Anthropic's 5-minute cache does)."""
+
+    cached: float = 0.1
+    uncached: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.cached <= self.uncached or self.uncached <= 0:
+            raise ValueError(f"prices must satisfy 0 <= cached <= uncached and uncached > 0, got cached "
+                             f"{self.cached}, uncached {self.uncached}")
+
+    def of(self, cached: int, uncached: int) -> float:
+        """Price-weighted input tokens."""
+        return cached * self.cached + uncached * self.uncached
 
 
 @cache
@@ -113,11 +130,6 @@ def call_cost(previous: Sequence[Sequence[int]] | None, current: Sequence[Sequen
     return CallCost(total, cached, embedding, prefix_broken=cached < sum(len(m) for m in previous))
 
 
-def price(cached: int, uncached: int, cached_price: float = CACHED_PRICE) -> float:
-    """Price-weighted input tokens: cached at ``cached_price``, uncached at 1.0."""
-    return cached * cached_price + uncached
-
-
 @dataclass(frozen=True)
 class Totals:
     """Summed costs of many calls (a run, a policy over runs)."""
@@ -142,6 +154,6 @@ class Totals:
     def uncached(self) -> int:
         return self.input - self.cached
 
-    def price(self, cached_price: float = CACHED_PRICE) -> float:
+    def price(self, prices: Prices = Prices()) -> float:
         """Price-weighted input tokens (embedding tokens are reported apart, not priced)."""
-        return price(self.cached, self.uncached, cached_price)
+        return prices.of(self.cached, self.uncached)

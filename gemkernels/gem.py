@@ -302,27 +302,27 @@ def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: 
     if not changed or cfg.repay_factor is None:
         return None
     first = min(changed)
-    c = cfg.cached_price
+    c, u = cfg.cached_price, cfg.uncached_price
     forwarded, kept_tokens = sum(sizes[b] for b in appended), sum(sizes[b] for b in kept)
     resent = sum(sizes[b] for b in kept if b >= first)
-    miss = (1 - c) * resent
+    miss = (u - c) * resent
     remaining = cfg.repay_factor * len(sizes)
     saving = c * (forwarded - kept_tokens) * (remaining + 1)
-    gap = renewal_gap(resent, sum(sizes) / len(sizes), c)
+    gap = renewal_gap(resent, sum(sizes) / len(sizes), c, u)
     if saving <= miss or forwarded - kept_tokens < gap:
         return None
     return (f"rewrite repays: saves {saving:.0f} over {remaining:.0f} expected calls, misses {miss:.0f} once; "
             f"{forwarded - kept_tokens} tokens dropped per call, past the renewal gap of {gap:.0f}")
 
 
-def renewal_gap(resent: float, per_call: float, cached_price: float) -> float:
+def renewal_gap(resent: float, per_call: float, cached_price: float, uncached_price: float = 1.0) -> float:
     """The per-call saving at which rewriting is cheapest over a long run: a context that grows by
-    ``per_call`` tokens a call and is cut back every g calls, re-sending ``resent`` tokens uncached each
-    time, costs c (K + per_call (g + 1) / 2) + (1 - c) resent / g a call, least at
-    g* = sqrt(2 (1 - c) resent / (c per_call)); the saving then is g* per_call."""
+    ``per_call`` tokens a call and is cut back every g calls, re-sending ``resent`` tokens uncached (u) instead
+    of cached (c) each time, costs c (K + per_call (g + 1) / 2) + (u - c) resent / g a call, least at
+    g* = sqrt(2 (u - c) resent / (c per_call)); the saving then is g* per_call."""
     if cached_price <= 0:
         return math.inf
-    return math.sqrt(2 * (1 - cached_price) * resent * per_call / cached_price)
+    return math.sqrt(2 * (uncached_price - cached_price) * resent * per_call / cached_price)
 
 
 def reselection_reason(state: SessionState | None, keys: tuple[str, ...], goal: str, cfg: GEMConfig) -> str | None:

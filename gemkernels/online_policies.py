@@ -17,17 +17,16 @@ e.g. ``gem-cache-aware:k=20:evidence.recent=4``. Add a policy by registering a b
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from .blocks import OPENAI, History, parse_history, reconstruct
-from .config import PRESETS, GEMConfig, resolve_config
-from .evidence import EvidenceConfig
+from .config import PRESETS, GEMConfig, resolve_config, with_overrides
+from .costs import Prices
 from .encoders import Encoder
 from .gem import GEM
 from .loaders import Run
@@ -51,13 +50,15 @@ class Policy(Protocol):
 
 @dataclass(frozen=True)
 class PolicyOptions:
-    """Parameters of the built-in policies: window size K, masking horizon M, GEM's encoder (by name)."""
+    """Parameters of the built-in policies: window size K, masking horizon M, GEM's encoder (by name), amortized
+    forgetting's budget and keep, and the provider's prices (the replay bills with them; GEM plans with them)."""
 
     window: int = 10
     mask_after: int = 5
     encoder: str = "minilm"
     amortized_budget: int = 40
     amortized_keep: int = 20
+    prices: Prices = Prices()
 
     def __post_init__(self) -> None:
         if self.window < 0 or self.mask_after < 0:
@@ -166,7 +167,9 @@ PolicyBuilder = Callable[[Run, PolicyOptions, Callable[[str], Encoder]], Policy]
 
 def gem_policy(config: GEMConfig | str, run: Run, options: PolicyOptions,
                encoder: Callable[[str], Encoder]) -> GEMPolicy:
-    """GEM with ``config`` (or a preset name) for ``run``: session id ``online:<run name>``, goal the run's task."""
+    """GEM with ``config`` (or a preset name) planning with ``options.prices``, for ``run``: session id
+    ``online:<run name>``, goal the run's recorded task."""
+    config = resolve_config(config, cached_price=options.prices.cached, uncached_price=options.prices.uncached)
     return GEMPolicy(config, encoder(options.encoder), f"online:{run.name}", run.goal)
 
 
@@ -188,48 +191,11 @@ def policy_builder(name: str) -> PolicyBuilder:
     base, *overrides = name.split(":")
     if not base.startswith("gem-") or base[4:] not in PRESETS or not overrides:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}, or gem-<preset>:field=value:...")
-    return partial(gem_policy, preset_with_overrides(base[4:], overrides))
-
-
-def preset_with_overrides(preset: str, overrides: Sequence[str]) -> GEMConfig:
-    """``preset`` with each ``field=value`` (a Python literal) applied; ``evidence.<field>`` for evidence limits."""
-    top: dict[str, Any] = {}
-    evidence: dict[str, Any] = {}
-    types = {f.name: str(f.type) for f in fields(GEMConfig) if f.name != "evidence"}
-    evidence_types = {f"evidence.{f.name}": str(f.type) for f in fields(EvidenceConfig)}
-    for item in overrides:
-        field, sep, text = item.partition("=")
-        annotation = types.get(field) or evidence_types.get(field)
-        if not sep or annotation is None:
-            raise ValueError(f"override {item!r} is not field=value with a field of GEMConfig "
-                             f"({', '.join(types)}) or {', '.join(evidence_types)}")
-        value = override_value(item, text, annotation)
-        if field in types:
-            top[field] = value
-        else:
-            evidence[field.removeprefix("evidence.")] = value
-    config = resolve_config(preset, **top)
-    return replace(config, evidence=replace(config.evidence, **evidence)) if evidence else config
-
-
-def override_value(item: str, text: str, annotation: str) -> Any:
-    """``text`` as a value of a field annotated ``annotation`` (str, bool, int, float, optionally None)."""
-    if annotation == "str":
-        return text
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        value = text
-    if value is None and "None" in annotation:
-        return value
-    if isinstance(value, bool):
-        if "bool" in annotation:
-            return value
-    elif isinstance(value, int) and ("int" in annotation or "float" in annotation):
-        return value
-    elif isinstance(value, float) and "float" in annotation:
-        return value
-    raise ValueError(f"override {item!r}: {text!r} is not a value of type {annotation}")
+    priced = [item for item in overrides if item.partition("=")[0] in ("cached_price", "uncached_price")]
+    if priced:
+        raise ValueError(f"policy {name!r}: {', '.join(priced)}: GEM policies plan with the replay's prices "
+                         "(--price-cached, --price-uncached)")
+    return partial(gem_policy, with_overrides(base[4:], overrides))
 
 
 def policy_label(name: str, options: PolicyOptions) -> str:

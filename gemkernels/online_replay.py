@@ -16,7 +16,7 @@ blocks it names (lexical references, `metrics.referenced_blocks`); means, and th
 difference kept − recent per rewrite with its standard error and the rewrites where it is
 better or worse.
 
-    gem online PATH... [--policies full,masking,window,gem-paper,...] [--price-cached 0.1]
+    gem online PATH... [--policies full,masking,window,gem-paper,...] [--price-cached 0.1] [--price-uncached 1]
         [--window 10] [--mask-after 5] [--amortized-budget 40 --amortized-keep 20] [--encoder minilm|hash]
         [--evidence-policies amortized,gem-cache-aware] [--long-runs 40,60] [--out DIR] [--workers N]
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .blocks import History, parse_history
-from .costs import CACHED_PRICE, CallCost, Encode, TokenCache, Totals, call_cost, o200k_encode
+from .costs import CallCost, Encode, Prices, TokenCache, Totals, call_cost, o200k_encode
 from .encoders import Encoder, make_encoder
 from .loaders import Run, checkpoints, load_runs
 from .metrics import argument_strings, block_words, nearest, referenced_blocks, references, retained_fraction
@@ -286,14 +286,14 @@ def paired(means: dict[str, float], metric: str) -> str:
             f"({means[f'{metric}_better']} / {means[f'{metric}_worse']})")
 
 
-def relative(totals: dict[str, Totals], cached_price: float) -> dict[str, dict[str, float]]:
-    """Per policy: input tokens, price and tokens + embedding relative to the full history; cached share."""
+def relative(totals: dict[str, Totals], prices: Prices) -> dict[str, dict[str, float]]:
+    """Per policy: input tokens, price and tokens + embedding relative to the full history; the cached share."""
     base = totals[BASELINE]
     out = {}
     for policy, t in totals.items():
         out[policy] = {
             "tokens": t.input / base.input if base.input else 1.0,
-            "price": t.price(cached_price) / base.price(cached_price) if base.input else 1.0,
+            "price": t.price(prices) / base.price(prices) if base.input else 1.0,
             "cached_fraction": t.cached / t.input if t.input else 0.0,
             "embedding": t.embedding / base.input if base.input else 0.0,
             "combined": (t.input + t.embedding) / base.input if base.input else 1.0,
@@ -301,12 +301,13 @@ def relative(totals: dict[str, Totals], cached_price: float) -> dict[str, dict[s
     return out
 
 
-def markdown(groups: dict[str, dict[str, Totals]], runs_per_group: dict[str, int], options: PolicyOptions,
-             cached_price: float) -> str:
-    """One table per group: tokens, price, cached share, prefix breaks and embedding tokens vs the full history."""
-    lines = [f"Cached input priced at {cached_price:g}, uncached at 1; ratios are pooled sums over runs.", ""]
+def markdown(groups: dict[str, dict[str, Totals]], runs_per_group: dict[str, int], options: PolicyOptions) -> str:
+    """One table per group: tokens and price vs the full history, cached and uncached tokens, prefix breaks, and
+    embedding tokens."""
+    lines = [f"Cached input priced at {options.prices.cached:g}, uncached at {options.prices.uncached:g}; ratios are "
+             "pooled sums over runs.", ""]
     for group, totals in groups.items():
-        rel = relative(totals, cached_price)
+        rel = relative(totals, options.prices)
         lines += [f"**{group}** ({runs_per_group[group]} runs, {totals[BASELINE].calls} calls)", "",
                   "| policy | input tokens | tokens vs full | price vs full | cached tokens | uncached tokens "
                   "| prefix breaks / call | embedding tokens | tokens + embedding vs full |",
@@ -320,16 +321,15 @@ def markdown(groups: dict[str, dict[str, Totals]], runs_per_group: dict[str, int
     return "\n".join(lines)
 
 
-def report(replays: Sequence[RunReplay], options: PolicyOptions, cached_price: float,
-           long_runs: Sequence[int] = ()) -> dict[str, Any]:
+def report(replays: Sequence[RunReplay], options: PolicyOptions, long_runs: Sequence[int] = ()) -> dict[str, Any]:
     """Everything as JSON-ready data: options, per-run totals and per-call costs, pooled totals and ratios."""
     pooled_out: dict[str, dict[str, Any]] = {}
     for group, totals in pooled(replays, long_runs).items():
-        rel = relative(totals, cached_price)
-        pooled_out[group] = {policy: {**asdict(t), "price": t.price(cached_price), "relative": rel[policy]}
+        rel = relative(totals, options.prices)
+        pooled_out[group] = {policy: {**asdict(t), "price": t.price(options.prices), "relative": rel[policy]}
                              for policy, t in totals.items()}
     return {
-        "options": asdict(options), "cached_price": cached_price, "long_runs": list(long_runs), "pooled": pooled_out,
+        "options": asdict(options), "long_runs": list(long_runs), "pooled": pooled_out,
         "evidence": {group: {policy: evidence_means(rows) for policy, rows in by_policy.items()}
                      for group, by_policy in pooled_evidence(replays, long_runs).items()},
         "runs": [{"name": r.name, "format": r.format, "path": r.path,
@@ -341,7 +341,7 @@ def report(replays: Sequence[RunReplay], options: PolicyOptions, cached_price: f
     }
 
 
-def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, cached_price: float, path: Path) -> None:
+def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, path: Path) -> None:
     """Tokens vs price relative to the full history: one colour per policy, one marker per group."""
     import matplotlib
 
@@ -352,7 +352,7 @@ def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, cached_pr
     markers = dict(zip(groups, itertools.cycle("o^sDvP*X")))
     colours = {}
     for group, totals in groups.items():
-        for policy, r in relative(totals, cached_price).items():
+        for policy, r in relative(totals, options.prices).items():
             colour = colours.setdefault(policy, POLICY_COLOURS[len(colours) % len(POLICY_COLOURS)])
             ax.scatter(r["tokens"], r["price"], color=colour, marker=markers[group], s=70 if group == ALL_RUNS else 35,
                        label=policy_label(policy, options) if group == ALL_RUNS else None)
@@ -361,7 +361,7 @@ def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, cached_pr
     ax.axhline(1, color="grey", lw=0.5)
     ax.axvline(1, color="grey", lw=0.5)
     ax.set_xlabel("input tokens vs full history")
-    ax.set_ylabel(f"price vs full history (cached at {cached_price:g})")
+    ax.set_ylabel(f"price vs full history (cached at {options.prices.cached:g}, uncached at {options.prices.uncached:g})")
     ax.set_title("Online replay: tokens and price per forwarding policy")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -378,8 +378,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help=f"comma-separated, from {', '.join(POLICIES)}, or gem-<preset>:field=value:... "
                              "(a preset with GEMConfig overrides, evidence.<field> for evidence limits; "
                              "full is always added); default %(default)s")
-    parser.add_argument("--price-cached", type=float, default=CACHED_PRICE,
-                        help="price of a cached input token relative to an uncached one (default %(default)s)")
+    parser.add_argument("--price-cached", type=float, default=Prices.cached,
+                        help="price of a cached input token relative to a plain one (default %(default)s)")
+    parser.add_argument("--price-uncached", type=float, default=Prices.uncached,
+                        help="price of an uncached input token relative to a plain one: 1.25 where writing the "
+                             "cache costs extra, as Anthropic's does (default %(default)s); GEM policies plan "
+                             "with both prices")
     parser.add_argument("--window", type=int, default=PolicyOptions.window, help="K of window (default %(default)s)")
     parser.add_argument("--mask-after", type=int, default=PolicyOptions.mask_after,
                         help="masking keeps the tool outputs of this many last blocks (default %(default)s)")
@@ -410,9 +414,9 @@ def run(args: argparse.Namespace) -> int:
         check_policies(names + list(evidence))
         long_runs = call_counts(args.long_runs)
         options = PolicyOptions(args.window, args.mask_after, args.encoder, args.amortized_budget,
-                                args.amortized_keep)
-        if args.price_cached < 0 or args.workers < 1:
-            raise ValueError(f"--price-cached must be >= 0 and --workers >= 1, got {args.price_cached}, {args.workers}")
+                                args.amortized_keep, Prices(args.price_cached, args.price_uncached))
+        if args.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
         o200k_encode()
         shared_encoder(args.encoder)  # a bad name or a missing extra fails here, not once per run
     except (ValueError, ImportError) as err:
@@ -428,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     groups = pooled(replays, long_runs)
     counts = {group: sum(1 for r in replays if group in r.groups(long_runs)) for group in groups}
-    table = markdown(groups, counts, options, args.price_cached)
+    table = markdown(groups, counts, options)
     if any(replay.evidence for replay in replays):
         table += "\n" + evidence_markdown(pooled_evidence(replays, long_runs), options)
     print(table)
@@ -436,9 +440,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "online.md").write_text(table)
-        (args.out / "online.json").write_text(json.dumps(report(replays, options, args.price_cached, long_runs), indent=1))
+        (args.out / "online.json").write_text(json.dumps(report(replays, options, long_runs), indent=1))
         try:
-            plot(groups, options, args.price_cached, args.out / "online.png")
+            plot(groups, options, args.out / "online.png")
         except ImportError:
             print("gem online: no plot: matplotlib is not installed", file=sys.stderr)
     return 0

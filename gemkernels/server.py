@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import sys
 import threading
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +46,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .batching import BatchingEncoder, SelectionBatcher
-from .config import PRESETS
+from .config import OVERRIDE_HELP, PRESETS, with_overrides
 from .encoders import make_encoder
 from .evidence import json_object
 from .gem import GEM, PASSTHROUGH, Compressed
@@ -62,10 +63,12 @@ LATENCY_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1)
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Everything ``gem serve`` needs; ``upstream`` is the API root (``http://host:port`` or ``.../v1``)."""
+    """Everything ``gem serve`` needs; ``upstream`` is the API root (``http://host:port`` or ``.../v1``);
+    ``overrides`` are ``field=value`` items applied to the preset (`config.with_overrides`)."""
 
     upstream: str
     preset: str = "paper"
+    overrides: tuple[str, ...] = ()
     encoder: str = "minilm"
     max_wait: float = 0.002
     max_batch: int = 64
@@ -126,7 +129,7 @@ def passthrough_reason(reason: str) -> str:
 
 def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: BatchingEncoder) -> GEM:
     """GEM over the batching encoder, with the batched selection when GEM accepts a ``select_fn``."""
-    return GEM(config.preset, encoder=encoder, store=SessionStore(max_sessions=config.max_sessions),
+    return GEM(with_overrides(config.preset, config.overrides), encoder=encoder, store=SessionStore(max_sessions=config.max_sessions),
                select_fn=selector.select)
 
 
@@ -291,7 +294,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "upstream": config.upstream, "preset": config.preset,
-                             "encoder": config.encoder})
+                             "overrides": list(config.overrides), "encoder": config.encoder})
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -314,6 +317,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="default %(default)s")
     p.add_argument("--port", type=int, default=8088, help="default %(default)s")
     p.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="default %(default)s")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help=OVERRIDE_HELP)
     p.add_argument("--encoder", default="minilm", help="minilm (default), hash, hash-<dim> or openai:<model>")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="batching wait (default %(default)s ms)")
     p.add_argument("--max-batch", type=int, default=64, help="default %(default)s")
@@ -328,7 +332,12 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; in-flight requests are drained (up to 60 s) on shutdown."""
     import uvicorn
 
-    config = ServerConfig(upstream=args.upstream, preset=args.preset, encoder=args.encoder,
+    try:
+        with_overrides(args.preset, args.set)
+    except ValueError as err:
+        print(f"gem serve: {err}", file=sys.stderr)
+        return 2
+    config = ServerConfig(upstream=args.upstream, preset=args.preset, overrides=tuple(args.set), encoder=args.encoder,
                           max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, workers=args.workers,
                           max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout)
     logging.getLogger("gemkernels").setLevel(logging.INFO)

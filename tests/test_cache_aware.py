@@ -128,14 +128,28 @@ def test_repay_reason_by_hand():
     # without caching (price 1) the gap is 0 and any repaying cut is due; a free cache never repays one
     assert repay_reason(set(range(30)), set(range(30)) - {28}, sizes, replace(REPAY, cached_price=1.0)) is not None
     assert repay_reason(set(range(30)), set(range(20, 30)), sizes, replace(REPAY, cached_price=0.0)) is None
+    # a cache-write premium (uncached 1.25) makes the miss dearer: 0.1 * 200 * (R + 1) vs 1.15 * 100, R = 4.5 no
+    # longer repays (110 < 115) where it did at uncached 1.0 (110 > 90); R = 6 still does (140 > 115)
+    assert repay_reason(set(range(30)), set(range(20, 30)), sizes, replace(REPAY, repay_factor=0.15)) is not None
+    assert repay_reason(set(range(30)), set(range(20, 30)), sizes,
+                        replace(REPAY, repay_factor=0.15, uncached_price=1.25)) is None
+    assert repay_reason(set(range(30)), set(range(20, 30)), sizes,
+                        replace(REPAY, repay_factor=0.2, uncached_price=1.25)) is not None
 
 
-def test_renewal_gap_minimises_the_cost_per_call():
-    resent, per_call, c, context = 400.0, 25.0, 0.1, 400.0
-    def cost_per_call(g):
-        return c * (context + per_call * (g + 1) / 2) + (1 - c) * resent / g
+@pytest.mark.parametrize("c, u", [(0.1, 1.0), (0.1, 1.25), (0.5, 1.0), (0.25, 1.25)])
+def test_renewal_gap_minimises_the_cost_per_call(c, u):
+    resent, per_call, context = 400.0, 25.0, 400.0
+    def cost_per_call(g):  # cached context growing by per_call a call, a miss on the re-sent part every g calls
+        return c * (context + per_call * (g + 1) / 2) + (u - c) * resent / g
     best = min(range(1, 200), key=cost_per_call)
-    assert abs(renewal_gap(resent, per_call, c) / per_call - best) < 1
+    assert abs(renewal_gap(resent, per_call, c, u) / per_call - best) < 1
+
+
+@pytest.mark.parametrize("cached, uncached", [(0.5, 0.4), (-0.1, 1.0), (0.0, 0.0)])
+def test_config_refuses_inconsistent_prices(cached, uncached):
+    with pytest.raises(ValueError, match="cached_price"):
+        GEMConfig(cached_price=cached, uncached_price=uncached)
 
 
 def test_run_too_short_to_repay_a_rewrite_gets_none():

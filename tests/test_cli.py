@@ -54,3 +54,25 @@ def test_invalid_history_is_forwarded_unchanged(tmp_path, capsys):
     assert main(["compress", str(path), "--encoder", "hash", "-o", str(out)]) == 0
     assert json.loads(out.read_text()) == messages
     assert "passthrough: invalid structure" in capsys.readouterr().err
+
+
+def test_set_overrides_the_preset(tmp_path, capsys):
+    stats = tmp_path / "stats.json"
+    recorded = []
+    for extra in ([], ["--set", "k=4", "--set", "tau=1.0", "--set", "evidence.recent=2"]):
+        assert main(["compress", str(EXAMPLE), "--encoder", "hash", "--preset", "core", *extra, "--stats",
+                     str(stats)]) == 0
+        recorded.append(json.loads(stats.read_text()))
+    default, overridden = recorded
+    assert sorted(default["protected"]["recent"]) == [28, 29, 30, 31]
+    assert sorted(overridden["protected"]["recent"]) == [30, 31]
+    # tau = 1 completes up to K_t = max(k, |protected|) = max(4, |P|): here the protected blocks alone
+    protected = {b for picks in overridden["protected"].values() for b in picks}
+    assert len(overridden["core"]) == max(4, len(protected)) < len(default["core"])
+
+
+def test_bad_override_exits_2_naming_it(capsys):
+    assert main(["compress", str(EXAMPLE), "--encoder", "hash", "--set", "nope=1"]) == 2
+    assert "nope=1" in capsys.readouterr().err
+    assert main(["compress", str(EXAMPLE), "--encoder", "hash", "--set", "tau=2"]) == 2
+    assert "tau must lie" in capsys.readouterr().err

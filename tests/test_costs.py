@@ -2,7 +2,7 @@
 
 import pytest
 
-from gemkernels.costs import CallCost, TokenCache, Totals, call_cost, common_prefix, price, serialise
+from gemkernels.costs import CallCost, Prices, TokenCache, Totals, call_cost, common_prefix, serialise
 
 
 def test_three_calls_by_hand():
@@ -16,13 +16,22 @@ def test_three_calls_by_hand():
         previous = request
     assert costs == [CallCost(5, 0), CallCost(9, 5), CallCost(10, 4, prefix_broken=True)]
     assert [c.uncached for c in costs] == [5, 4, 6]
-    assert [price(c.cached, c.uncached) for c in costs] == pytest.approx([5.0, 4.5, 6.4])
+    assert [Prices().of(c.cached, c.uncached) for c in costs] == pytest.approx([5.0, 4.5, 6.4])
+    # with a cache-write premium every uncached token costs 1.25: 5 x 1.25, 0.5 + 4 x 1.25, 0.4 + 6 x 1.25
+    assert [Prices(0.1, 1.25).of(c.cached, c.uncached) for c in costs] == pytest.approx([6.25, 5.5, 7.9])
     totals = Totals.of(costs)
     assert totals == Totals(calls=3, input=24, cached=9, embedding=0, prefix_breaks=1)
     assert totals.uncached == 15
     assert totals.price() == pytest.approx(15.9)
-    assert totals.price(cached_price=0.5) == pytest.approx(4.5 + 15)
-    assert totals.price(cached_price=1.0) == totals.input
+    assert totals.price(Prices(0.5)) == pytest.approx(4.5 + 15)
+    assert totals.price(Prices(1.0)) == totals.input
+    assert totals.price(Prices(0.1, 1.25)) == pytest.approx(0.9 + 15 * 1.25)
+
+
+@pytest.mark.parametrize("cached, uncached", [(-0.1, 1.0), (0.5, 0.4), (0.0, 0.0)])
+def test_prices_refuse_a_cached_price_outside_zero_to_uncached(cached, uncached):
+    with pytest.raises(ValueError, match="cached"):
+        Prices(cached, uncached)
 
 
 @pytest.mark.parametrize("previous, current, expected", [

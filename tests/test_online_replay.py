@@ -10,12 +10,11 @@ import pytest
 
 from gemkernels import GEM
 from gemkernels.blocks import parse_history
-from gemkernels.costs import CallCost, TokenCache, Totals, call_cost
+from gemkernels.costs import CallCost, Prices, TokenCache, Totals, call_cost
 from gemkernels.encoders import CachedEncoder, HashEncoder
 from gemkernels.loaders import Run, checkpoints
-from gemkernels.config import resolve_config
-from gemkernels.online_policies import (POLICIES, GEMPolicy, Masking, PolicyOptions, Window, policy_builder,
-                                        preset_with_overrides)
+from gemkernels.config import resolve_config, with_overrides
+from gemkernels.online_policies import POLICIES, GEMPolicy, Masking, PolicyOptions, Window, policy_builder
 from gemkernels.online_replay import (RewriteEvidence, add_parser, evidence_markdown, evidence_means, markdown,
                                       pooled, pooled_evidence, relative, replay_run, replay_runs, report, run)
 
@@ -56,7 +55,9 @@ def test_three_calls_by_hand():
     assert totals["full"].price() == pytest.approx(3.7 + 50)
     assert totals["window"].price() == pytest.approx(2.2 + 44)
     assert totals["masking"].price() == pytest.approx(3.5 + 52)
-    rel = relative(totals, 0.1)
+    write_premium = relative(totals, Prices(0.1, 1.25))["window"]["price"]
+    assert write_premium == pytest.approx((2.2 + 44 * 1.25) / (3.7 + 50 * 1.25))
+    rel = relative(totals, Prices())
     assert rel["full"] == {"tokens": 1.0, "price": 1.0, "cached_fraction": pytest.approx(37 / 87), "embedding": 0.0,
                            "combined": 1.0}
     assert rel["window"]["tokens"] == pytest.approx(66 / 87)
@@ -136,13 +137,13 @@ def test_gem_policy_equals_calling_gem_directly():
 
 
 def test_preset_overrides_build_the_config_they_name():
-    config = preset_with_overrides("cache-aware", ["k=20", "evidence.recent=4", "repay_factor=None", "tau=1"])
+    config = with_overrides("cache-aware", ["k=20", "evidence.recent=4", "repay_factor=None", "tau=1"])
     base = resolve_config("cache-aware")
     assert config == replace(base, k=20, repay_factor=None, tau=1, evidence=replace(base.evidence, recent=4))
     name = "gem-cache-aware:k=20:evidence.recent=4"
     run_ = Run("r", "openai", synthetic(60), "Fix it", "<memory>")
     replayed = replay_run(run_, ["full", name], OPTIONS, encoder_by_name).calls[name]
-    direct = GEMPolicy(preset_with_overrides("cache-aware", ["k=20", "evidence.recent=4"]), ENCODER, "online:r", "Fix it")
+    direct = GEMPolicy(with_overrides("cache-aware", ["k=20", "evidence.recent=4"]), ENCODER, "online:r", "Fix it")
     tokens = TokenCache()
     previous = None
     for cost, position in zip(replayed, checkpoints(run_.messages)):
@@ -152,6 +153,16 @@ def test_preset_overrides_build_the_config_they_name():
         assert cost == call_cost(previous, current, embedding)
         previous = current
     assert any(c.prefix_broken for c in replayed)  # the overridden preset did rewrite
+
+
+def test_gem_policies_plan_with_the_replay_prices():
+    options = replace(OPTIONS, prices=Prices(0.25, 1.25))
+    run_ = Run("r", "openai", synthetic(20), "Fix it", "<memory>")
+    for name in ("gem-cache-aware", "gem-cache-aware:k=12"):
+        config = policy_builder(name)(run_, options, encoder_by_name).gem.config
+        assert (config.cached_price, config.uncached_price) == (0.25, 1.25)
+    with pytest.raises(ValueError, match="cached_price"):
+        policy_builder("gem-cache-aware:cached_price=0.5")  # prices come from the replay, not the policy name
 
 
 @pytest.mark.parametrize("name", ["gem-nope:k=2", "window:k=1", "gem-paper:", "gem-paper:k", "gem-paper:nope=1",
@@ -186,9 +197,9 @@ def test_report_and_table_pool_runs_by_format():
     groups = pooled(replays)
     assert set(groups) == {"all", "openai"}
     assert groups["all"]["full"] == Totals(6, 174, 74, 0, 0)
-    table = markdown(groups, {"all": 2, "openai": 2}, OPTIONS, 0.1)
+    table = markdown(groups, {"all": 2, "openai": 2}, OPTIONS)
     assert "| window(1) | 132 | 0.759 | 0.860 | 44 | 88 |" in table
-    data = json.loads(json.dumps(report(replays, OPTIONS, 0.1)))
+    data = json.loads(json.dumps(report(replays, OPTIONS)))
     assert data["pooled"]["all"]["window"]["relative"]["tokens"] == pytest.approx(66 / 87)
     assert data["runs"][0]["calls"]["window"][2] == [29, 14, 0, 1]
 
@@ -199,7 +210,7 @@ def test_runs_pool_into_length_groups_after_the_format_groups():
     groups = pooled([three, three], long_runs=(4, 3))
     assert list(groups) == ["all", "openai", "3+ calls"]  # no run reaches 4 calls
     assert groups["3+ calls"] == groups["all"] and groups["all"]["full"] == Totals(6, 174, 74, 0, 0)
-    data = json.loads(json.dumps(report([three], OPTIONS, 0.1, long_runs=(3,))))
+    data = json.loads(json.dumps(report([three], OPTIONS, long_runs=(3,))))
     assert data["long_runs"] == [3] and set(data["pooled"]) == {"all", "openai", "3+ calls"}
 
 
@@ -243,6 +254,7 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv", [["--policies", "nope"], ["--window", "-1"], ["--price-cached", "-0.1"],
                                   ["--workers", "0"], ["--encoder", "nope"], ["--long-runs", "40,x"],
+                                  ["--price-cached", "0.5", "--price-uncached", "0.4"],
                                   ["--long-runs", "0"]])
 def test_cli_rejects_bad_options(argv, capsys):
     assert run(parse(["online", str(FIXTURES), *argv])) == 2

@@ -300,3 +300,23 @@ def test_wrap_compresses_sync_and_async_clients(upstream):
 
     asyncio.run(use_async())
     assert len(last_received(fake).body["messages"]) < len(MESSAGES)
+
+
+def test_overrides_reach_gem_and_health():
+    from starlette.testclient import TestClient
+
+    config = ServerConfig(upstream="http://127.0.0.1:9", preset="cache-aware", overrides=("uncached_price=1.25", "k=12"),
+                          encoder="hash")
+    with TestClient(create_app(config)) as client:
+        health = client.get("/healthz").json()
+        stats = client.post("/v1/gem/compress", json={"messages": MESSAGES}).json()["stats"]
+    assert health["preset"] == "cache-aware" and health["overrides"] == ["uncached_price=1.25", "k=12"]
+    assert stats is not None  # the overridden config compressed (no error passthrough)
+
+
+def test_serve_refuses_a_bad_override_before_starting(capsys):
+    from gemkernels.cli import main
+
+    assert main(["serve", "--upstream", "http://127.0.0.1:9", "--set", "k=abc"]) == 2
+    assert "k=abc" in capsys.readouterr().err
+
