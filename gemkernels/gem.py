@@ -158,7 +158,7 @@ class GEM:
             reason = budget_reason(appended, sizes, cfg)
         select_started = time.perf_counter()
         rewrite: tuple[set[int], list[int], float] | None = None
-        if reason is None and cfg.repay_factor is not None:
+        if reason is None and cfg.repay_factor is not None and could_repay(appended, seeds, sizes, cfg):
             rewrite = self._rewrite(infos, embeddings, seeds, sizes, chars_before)
             reason = repay_reason(appended, rewrite[0], sizes, cfg)
         core: list[int] = []
@@ -313,6 +313,22 @@ def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: 
         return None
     return (f"rewrite repays: saves {saving:.0f} over {remaining:.0f} expected calls, misses {miss:.0f} once; "
             f"{forwarded - kept_tokens} tokens dropped per call, past the renewal gap of {gap:.0f}")
+
+
+def could_repay(appended: set[int], protected: Sequence[int], sizes: Sequence[int], cfg: GEMConfig) -> bool:
+    """Whether some rewrite that keeps ``protected`` could pass `repay_reason`, so that the selection runs only
+    when a rewrite might be due: the saving is at most F minus the protected tokens, and a rewrite that saves
+    anything drops a block older than the newest ``evidence.recent`` ones (those are protected), so it re-sends
+    at least their tokens."""
+    if cfg.repay_factor is None or not sizes:
+        return False
+    n, c, u = len(sizes), cfg.cached_price, cfg.uncached_price
+    recent = range(max(0, n - cfg.evidence.recent), n)
+    most_saved = sum(sizes[b] for b in appended) - sum(sizes[b] for b in set(protected))
+    least_resent = sum(sizes[b] for b in recent)
+    remaining = cfg.repay_factor * n
+    return (c * most_saved * (remaining + 1) > (u - c) * least_resent
+            and most_saved >= renewal_gap(least_resent, sum(sizes) / n, c, u))
 
 
 def renewal_gap(resent: float, per_call: float, cached_price: float, uncached_price: float = 1.0) -> float:

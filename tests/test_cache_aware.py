@@ -7,12 +7,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gemkernels import GEM, GEMConfig
+from gemkernels import GEM, GEMConfig, select
 from gemkernels.blocks import parse_history
 from gemkernels.encoders import CachedEncoder, HashEncoder
 from gemkernels.evidence import EvidenceConfig
-from gemkernels.gem import renewal_gap, repay_reason
+from gemkernels.gem import could_repay, renewal_gap, repay_reason
 from gemkernels.online_policies import AmortizedForgetting
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -260,3 +262,53 @@ def test_rewrite_evidence_of_amortized_forgetting_by_hand():
     means = evidence_means(replay.evidence["amortized"])
     assert means["rewrites"] == 1 and means["referenced_kept"] == 0.0
     assert "full" not in replay.evidence
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_could_repay_never_skips_a_rewrite_that_repays(data):
+    n = data.draw(st.integers(2, 40))
+    sizes = data.draw(st.lists(st.integers(1, 500), min_size=n, max_size=n))
+    recent = data.draw(st.integers(0, 6))
+    config = replace(REPAY, repay_factor=data.draw(st.sampled_from([0.05, 0.2, 0.5, 2.0])),
+                     cached_price=data.draw(st.sampled_from([0.0, 0.1, 0.5, 1.0])),
+                     evidence=EvidenceConfig(recent=recent, goal=0, state=0, error=0, source=0))
+    newest = set(range(max(0, n - recent), n))
+    protected = sorted(newest | set(data.draw(st.lists(st.integers(0, n - 1), max_size=4))))
+    if data.draw(st.booleans()):  # arbitrary sets
+        appended = set(data.draw(st.lists(st.integers(0, n - 1), max_size=n))) | {n - 1}
+        kept = set(protected) | set(data.draw(st.lists(st.integers(0, n - 1), max_size=n)))
+    else:  # as in a session: appending forwards all but a few blocks, a rewrite drops a few more
+        appended = set(range(n)) - set(data.draw(st.lists(st.integers(0, n - 2), max_size=3)))
+        kept = appended - set(data.draw(st.lists(st.integers(0, n - 1), max_size=3))) | set(protected)
+    if repay_reason(appended, kept, sizes, config) is not None:
+        assert could_repay(appended, protected, sizes, config)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(1, 500), min_size=2, max_size=40), recent=st.integers(1, 6),
+       factor=st.sampled_from([0.05, 0.2, 0.5, 2.0]), cached=st.sampled_from([0.1, 0.25, 0.5]))
+def test_could_repay_is_exact_when_a_rewrite_keeps_only_the_newest_blocks(sizes, recent, factor, cached):
+    n = len(sizes)
+    config = replace(REPAY, repay_factor=factor, cached_price=cached,
+                     evidence=EvidenceConfig(recent=recent, goal=0, state=0, error=0, source=0))
+    newest = set(range(max(0, n - recent), n))
+    due = repay_reason(set(range(n)), newest, sizes, config) is not None
+    assert could_repay(set(range(n)), sorted(newest), sizes, config) == due
+
+
+def test_appending_calls_skip_the_selection_until_a_rewrite_could_be_due():
+    calls = []
+    def counting_select(*args, **kwargs):
+        calls.append(1)
+        return select(*args, **kwargs)
+    gem = GEM(REPAY, encoder=CachedEncoder(HashEncoder(64)), token_counter=None, select_fn=counting_select)
+    actions = []
+    for history in steps(equal_blocks(30)):
+        before = len(calls)
+        actions.append((gem.compress(history, session_id="s").stats.action, len(calls) - before))
+    # rewrites at 13 and 22 blocks (test_long_run_rewrites_at_the_expected_calls); with K >= 4 recent blocks
+    # a cut needs F - 4 blocks >= the gap for M >= 4 blocks (8.49 blocks): m >= 13 forwarded, so appends
+    # below that select nothing
+    assert [b + 1 for b, (action, _) in enumerate(actions) if action == "reselected"] == [13, 22]
+    assert all(used == 0 for action, used in actions[:12]) and all(used == 0 for _, used in actions[13:21])
