@@ -195,7 +195,8 @@ def evidence_means(rows: Sequence[RewriteEvidence]) -> dict[str, float]:
                   if getattr(r, f"{metric}_kept") is not None]
         mean = sum(deltas) / len(deltas) if deltas else math.nan
         spread = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (len(deltas) - 1)) if len(deltas) > 1 else math.nan
-        out.update({f"{metric}_delta": mean, f"{metric}_delta_se": spread / math.sqrt(len(deltas)) if deltas else math.nan,
+        error = spread / math.sqrt(len(deltas)) if deltas else math.nan
+        out.update({f"{metric}_delta": mean, f"{metric}_delta_se": error,
                     f"{metric}_better": sum(d > 0 for d in deltas), f"{metric}_worse": sum(d < 0 for d in deltas)})
     return out
 
@@ -361,7 +362,8 @@ def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, path: Pat
     ax.axhline(1, color="grey", lw=0.5)
     ax.axvline(1, color="grey", lw=0.5)
     ax.set_xlabel("input tokens vs full history")
-    ax.set_ylabel(f"price vs full history (cached at {options.prices.cached:g}, uncached at {options.prices.uncached:g})")
+    prices = options.prices
+    ax.set_ylabel(f"price vs full history (cached at {prices.cached:g}, uncached at {prices.uncached:g})")
     ax.set_title("Online replay: tokens and price per forwarding policy")
     ax.legend(fontsize=8)
     fig.tight_layout()

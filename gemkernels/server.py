@@ -129,7 +129,8 @@ def passthrough_reason(reason: str) -> str:
 
 def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: BatchingEncoder) -> GEM:
     """GEM over the batching encoder, with the batched selection when GEM accepts a ``select_fn``."""
-    return GEM(with_overrides(config.preset, config.overrides), encoder=encoder, store=SessionStore(max_sessions=config.max_sessions),
+    return GEM(with_overrides(config.preset, config.overrides), encoder=encoder,
+               store=SessionStore(max_sessions=config.max_sessions),
                select_fn=selector.select)
 
 

@@ -19,8 +19,8 @@ small is known only to about u/r in a working precision u (u/r^(1/2) for MGS, u/
 Gram/Cholesky update), and every later residual inherits that error. ``pivot_slack`` widens
 every margin after such a pivot by ``pivot_slack / min_pivot`` (``min_pivot``: the smallest
 residual from which a direction was added so far), so ill-conditioned inputs do not turn
-rounding into false failures; `Reference.min_pivot` and `Replay.min_pivot` report it. `replay` goes the other way: it takes an
-implementation's answer and checks, in float64, that each of its decisions was a legal
+rounding into false failures; `Reference.min_pivot` and `Replay.min_pivot` report it. `replay` goes the
+other way: it takes an implementation's answer and checks, in float64, that each of its decisions was a legal
 greedy decision within a tolerance, whatever the ties did.
 
 Tests import this module (``from reference import ...``); the benchmarks may import it as

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gemkernels.blocks import BlockStructureError, parse_history, reconstruct
+from gemkernels.blocks import BlockStructureError, parse_history
 from gemkernels.representation import MAX_CHARS, block_text, truncate_middle
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"

@@ -2,7 +2,6 @@
 
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from hypothesis import strategies as st
 
 from gemkernels import GEM, GEMConfig, select
 from gemkernels.blocks import parse_history
+from gemkernels.config import resolve_config
 from gemkernels.encoders import CachedEncoder, HashEncoder
 from gemkernels.evidence import EvidenceConfig
 from gemkernels.gem import could_repay, renewal_gap, repay_reason
@@ -196,13 +196,13 @@ def test_keep_recent_size_keeps_at_most_the_newest_k_blocks_tokens_beyond_protec
     tokens = [sum(len(json.dumps(messages[p], ensure_ascii=False)) for p in span.positions) for span in history.spans]
     kept = sorted(set(range(60)) - set(result.stats.removed_blocks))
     protected = {b for picks in result.stats.protected.values() for b in picks}
-    assert sum(tokens[b] for b in kept if b not in protected) <= sum(tokens[-20:]) - sum(tokens[b] for b in protected)
+    k = resolve_config("cache-aware").k
+    assert sum(tokens[b] for b in kept if b not in protected) <= sum(tokens[-k:]) - sum(tokens[b] for b in protected)
 
 
 # --------------------------------------------------------------------------- every development run
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
-SECONDS = 300  # hash encoder: about 25 s for all 265 runs on 2 cores
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason=f"development runs not found at {DATA}")
@@ -213,7 +213,6 @@ def test_cache_aware_invariants_on_every_development_run():
 
     from gemkernels.loaders import checkpoints
 
-    started = time.perf_counter()
     rewrites = 0
     for run in RUNS:
         gem = GEM("cache-aware", encoder=CachedEncoder(HashEncoder(128)), token_counter=None)
@@ -235,7 +234,6 @@ def test_cache_aware_invariants_on_every_development_run():
             before = result.messages
         assert json.dumps(run.messages) == snapshot, f"{run.name}: the caller's messages were mutated"
     assert rewrites > 0
-    assert time.perf_counter() - started < SECONDS
 
 
 # --------------------------------------------------------------------------- evidence at rewrites (gem online)

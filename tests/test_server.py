@@ -305,8 +305,8 @@ def test_wrap_compresses_sync_and_async_clients(upstream):
 def test_overrides_reach_gem_and_health():
     from starlette.testclient import TestClient
 
-    config = ServerConfig(upstream="http://127.0.0.1:9", preset="cache-aware", overrides=("uncached_price=1.25", "k=12"),
-                          encoder="hash")
+    config = ServerConfig(upstream="http://127.0.0.1:9", preset="cache-aware",
+                          overrides=("uncached_price=1.25", "k=12"), encoder="hash")
     with TestClient(create_app(config)) as client:
         health = client.get("/healthz").json()
         stats = client.post("/v1/gem/compress", json={"messages": MESSAGES}).json()["stats"]

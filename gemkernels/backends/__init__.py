@@ -23,7 +23,8 @@ class BackendUnavailableError(RuntimeError):
 
 
 class PackedSelection(NamedTuple):
-    """What a backend returns, in its own library: indices (S, W) -1 padded, counts (S,), coverage (S,), residuals (N,)."""
+    """What a backend returns, in its own library: indices (S, W) -1 padded, counts (S,), coverage (S,),
+    residuals (N,)."""
 
     indices: Any
     counts: Any
@@ -62,7 +63,8 @@ def available_backends() -> list[str]:
 
 
 def auto_backend(values: Any) -> str:
-    """``auto``: CUDA tensors and CuPy arrays go to triton (torch if triton is missing), other torch tensors to torch, numpy to numpy."""
+    """``auto``: CUDA tensors and CuPy arrays go to triton (torch if triton is missing), other torch tensors to
+    torch, numpy to numpy."""
     lib = library_of(values)
     if lib == NUMPY:
         return "numpy"
