@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from .arrays import NUMPY, TORCH, convert_like, is_cuda, library_of, to_numpy
-from .backends import auto_backend, get_backend
+from .backends import auto_backend, get_backend, numpy_backend
 from .ragged import RaggedBatch, as_float_matrix, index_mask
-from .result import RaggedSelection, Selection
+from .result import RaggedSelection, Selection, stop_reason
 
 DEFAULT_TAU, DEFAULT_K, DEFAULT_EPS = 0.90, 16, 1e-6
 
@@ -26,10 +26,26 @@ def select(x: Any, protected: Any = None, eligible: Any = None, tau: float = DEF
     """
     x = as_float_matrix(x, "x")
     n = int(x.shape[0])
-    batch = RaggedBatch(values=x, offsets=np.array([0, n], dtype=np.int64),
-                        protected=index_mask(protected, n, "protected", default=False),
-                        eligible=index_mask(eligible, n, "eligible", default=True))
+    protected_mask = index_mask(protected, n, "protected", default=False)
+    eligible_mask = index_mask(eligible, n, "eligible", default=True)
+    if backend in ("auto", numpy_backend.LIBRARY) and library_of(x) == NUMPY:
+        return select_numpy(x, protected_mask, eligible_mask, check_tau(tau), check_k(k), check_eps(eps))
+    batch = RaggedBatch(values=x, offsets=np.array([0, n], dtype=np.int64), protected=protected_mask,
+                        eligible=eligible_mask)
     return select_ragged(batch, tau=tau, k=k, eps=eps, backend=backend).sessions()[0]
+
+
+def select_numpy(x: np.ndarray, protected: np.ndarray, eligible: np.ndarray, tau: float, k: int,
+                 eps: float) -> Selection:
+    """`select` for one numpy session without the batch layout (a call costs tens of microseconds less);
+    float16 rows are widened once, for the norms and the selection alike."""
+    x = x.astype(numpy_backend.compute_dtype(x), copy=False)
+    num_protected = int(protected.sum())
+    capacity = min(max(k, num_protected), x.shape[0])
+    order, coverage, residuals = numpy_backend.select_one(x, row_sq_norms(x), protected, eligible, tau, capacity,
+                                                          eps)
+    return Selection(indices=np.asarray(order, dtype=np.int64), coverage=coverage, residuals=residuals,
+                     num_protected=num_protected, stop=stop_reason(len(order), capacity, coverage, tau))
 
 
 def select_batch(xs: Sequence[Any] | RaggedBatch, protected: Sequence[Any] | None = None,
@@ -57,7 +73,7 @@ def select_ragged(batch: RaggedBatch, tau: Any = DEFAULT_TAU, k: Any = DEFAULT_K
     tau_s = per_session_tau(tau, sessions)
     k_s = per_session_k(k, sessions)
     eps = check_eps(eps)
-    sq_norms = row_sq_norms(batch)
+    sq_norms = row_sq_norms(batch.values, batch.offsets)
 
     name = auto_backend(batch.values) if backend == "auto" else backend
     impl = get_backend(name)
@@ -78,6 +94,16 @@ def select_ragged(batch: RaggedBatch, tau: Any = DEFAULT_TAU, k: Any = DEFAULT_K
         residuals=convert_like(packed.residuals, caller_lib, out_device),
         offsets=batch.offsets, num_protected=counts_p, capacity=capacity, tau=tau_s,
     )
+
+
+def check_tau(tau: Any) -> float:
+    """tau as a float in (0, 1]."""
+    return float(per_session_tau(tau, 1)[0]) if not isinstance(tau, float) or not 0 < tau <= 1 else tau
+
+
+def check_k(k: Any) -> int:
+    """k as an int >= 0."""
+    return int(per_session_k(k, 1)[0]) if type(k) is not int or k < 0 else k
 
 
 def per_session_tau(tau: Any, sessions: int) -> np.ndarray:
@@ -125,10 +151,9 @@ def check_eps(eps: Any) -> float:
     return float(eps)
 
 
-def row_sq_norms(batch: RaggedBatch) -> Any:
-    """Squared row norms in the values' library, accumulated in float32 (float64 for float64 input);
-    raises ValueError naming the first row (and session) that is all zeros or not finite."""
-    x = batch.values
+def row_sq_norms(x: Any, offsets: np.ndarray | None = None) -> Any:
+    """Squared row norms of ``x`` in its library, accumulated in float32 (float64 for float64 input); raises
+    ValueError naming the first row (and session, given a batch's ``offsets``) that is all zeros or not finite."""
     lib = library_of(x)
     if lib == TORCH:
         import torch
@@ -148,8 +173,11 @@ def row_sq_norms(batch: RaggedBatch) -> Any:
     if not bad.any():
         return sq
     row = int(np.argmax(bad))
-    session = int(np.searchsorted(batch.offsets, row, side="right") - 1)
-    where = f"row {row}" if batch.num_sessions == 1 else f"session {session} row {row - int(batch.offsets[session])}"
+    if offsets is None or len(offsets) == 2:
+        where = f"row {row}"
+    else:
+        session = int(np.searchsorted(offsets, row, side="right") - 1)
+        where = f"session {session} row {row - int(offsets[session])}"
     finite = bool(to_numpy(array_module(lib).isfinite(x[row])).all())
     nonzero = bool(to_numpy((x[row] != 0).any()))
     problem = ("not finite" if not finite else "all zeros" if not nonzero

@@ -47,19 +47,17 @@ class RaggedSelection:
         """Split into one `Selection` per session (indices and residuals stay in the batch's library)."""
         counts = to_numpy(self.counts).tolist()
         coverage = to_numpy(self.coverage).astype(float).tolist()
-        out = []
-        for s, (count, cov) in enumerate(zip(counts, coverage)):
-            if count >= self.capacity[s]:
-                stop = STOP_CAPACITY
-            elif cov >= self.tau[s]:
-                stop = STOP_COVERAGE
-            else:
-                stop = STOP_EXHAUSTED
-            out.append(Selection(
-                indices=self.indices[s, :count],
-                coverage=cov,
-                residuals=self.residuals[int(self.offsets[s]):int(self.offsets[s + 1])],
-                num_protected=int(self.num_protected[s]),
-                stop=stop,
-            ))
-        return out
+        return [Selection(indices=self.indices[s, :count], coverage=cov,
+                          residuals=self.residuals[int(self.offsets[s]):int(self.offsets[s + 1])],
+                          num_protected=int(self.num_protected[s]),
+                          stop=stop_reason(count, int(self.capacity[s]), cov, float(self.tau[s])))
+                for s, (count, cov) in enumerate(zip(counts, coverage))]
+
+
+def stop_reason(count: int, capacity: int, coverage: float, tau: float) -> str:
+    """Why a completion stopped: it filled K_t, it reached tau, or no candidate was left."""
+    if count >= capacity:
+        return STOP_CAPACITY
+    if coverage >= tau:
+        return STOP_COVERAGE
+    return STOP_EXHAUSTED
