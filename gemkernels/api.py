@@ -169,10 +169,9 @@ def row_sq_norms(x: Any, offsets: np.ndarray | None = None) -> Any:
         acc = xp.float64 if x.dtype == xp.float64 else xp.float32
         sq = xp.einsum("ij,ij->i", x, x, dtype=acc)
     host = to_numpy(sq)
-    bad = ~(np.isfinite(host) & (host > 0))
-    if not bad.any():
+    if host.min() > 0 and math.isfinite(host.max()):  # NaN fails the first test (min propagates it)
         return sq
-    row = int(np.argmax(bad))
+    row = int(np.argmax(~(np.isfinite(host) & (host > 0))))
     if offsets is None or len(offsets) == 2:
         where = f"row {row}"
     else:
