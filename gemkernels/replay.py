@@ -390,7 +390,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``replay`` (handler in ``func``)."""
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemkernels" / "embeddings"
     p = subparsers.add_parser("replay", help="offline checkpoint replay: selectors at the same K, K and tau sweeps",
-                              description=__doc__.splitlines()[0])
+                              description=__doc__.splitlines()[0],
+                              epilog="Per-call tokens, prompt cache and price of whole runs under each forwarding "
+                                     "policy (GEM presets, amortized forgetting, window, masking): gem online.")
     p.add_argument("paths", nargs="+", help="recorded runs: files, directories or globs")
     p.add_argument("--encoder", default="minilm", help="minilm (default), hash, hash-<dim> or openai:<model>")
     p.add_argument("--k", type=int, default=16, help="retained count of the selector table (default %(default)s)")
