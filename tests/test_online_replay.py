@@ -254,6 +254,21 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert (tmp_path / "online.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_cli_bills_with_the_given_prices(tmp_path, capsys):
+    argv = ["online", str(FIXTURES), "--encoder", "hash", "--policies", "window", "--window", "2", "--long-runs", "",
+            "--evidence-policies", "", "--price-cached", "0.25", "--price-uncached", "1.25", "--out", str(tmp_path)]
+    assert run(parse(argv)) == 0
+    assert "Cached input priced at 0.25, uncached at 1.25" in capsys.readouterr().out
+    data = json.loads((tmp_path / "online.json").read_text())
+    assert data["options"]["prices"] == {"cached": 0.25, "uncached": 1.25} and data["long_runs"] == []
+    totals = {policy: Totals(**{k: v for k, v in t.items() if k in ("calls", "input", "cached", "embedding",
+                                                                      "prefix_breaks")})
+              for policy, t in data["pooled"]["all"].items()}
+    expected = (totals["window"].cached * 0.25 + totals["window"].uncached * 1.25) / (
+        totals["full"].cached * 0.25 + totals["full"].uncached * 1.25)
+    assert data["pooled"]["all"]["window"]["relative"]["price"] == pytest.approx(expected)
+
+
 @pytest.mark.parametrize("argv", [["--policies", "nope"], ["--window", "-1"], ["--price-cached", "-0.1"],
                                   ["--workers", "0"], ["--encoder", "nope"], ["--long-runs", "40,x"],
                                   ["--price-cached", "0.5", "--price-uncached", "0.4"],
