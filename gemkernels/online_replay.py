@@ -351,12 +351,11 @@ def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, path: Pat
 
     fig, ax = plt.subplots(figsize=(7, 5))
     markers = dict(zip(groups, itertools.cycle("o^sDvP*X")))
-    colours = {}
+    colours = policy_colours(groups[ALL_RUNS])
     for group, totals in groups.items():
         for policy, r in relative(totals, options.prices).items():
-            colour = colours.setdefault(policy, POLICY_COLOURS[len(colours) % len(POLICY_COLOURS)])
-            ax.scatter(r["tokens"], r["price"], color=colour, marker=markers[group], s=70 if group == ALL_RUNS else 35,
-                       label=policy_label(policy, options) if group == ALL_RUNS else None)
+            ax.scatter(r["tokens"], r["price"], color=colours[policy], marker=markers[group],
+                       s=70 if group == ALL_RUNS else 35, label=policy_label(policy, options) if group == ALL_RUNS else None)
     for group, marker in markers.items():
         ax.scatter([], [], facecolors="none", edgecolors="black", marker=marker, label=group)
     ax.axhline(1, color="grey", lw=0.5)
@@ -369,6 +368,37 @@ def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, path: Pat
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_by_length(replays: Sequence[RunReplay], options: PolicyOptions, path: Path) -> None:
+    """Each run's tokens and price relative to its full history against its number of calls, per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = [p for p in replays[0].calls if p != BASELINE]
+    colours = policy_colours(replays[0].calls)
+    calls = [len(replay.calls[BASELINE]) for replay in replays]
+    rel = [relative(replay.totals(), options.prices) for replay in replays]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharex=True)
+    for ax, measure, label in zip(axes, ("tokens", "price"), ("input tokens", "price")):
+        for policy in policies:
+            ax.scatter(calls, [r[policy][measure] for r in rel], color=colours[policy], s=10, alpha=0.6,
+                       label=policy_label(policy, options))
+        ax.axhline(1, color="grey", lw=0.5)
+        ax.set_xlabel("model calls in the run")
+        ax.set_ylabel(f"{label} vs full history")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"Online replay per run (cached at {options.prices.cached:g}, uncached at {options.prices.uncached:g})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def policy_colours(policies: Iterable[str]) -> dict[str, str]:
+    """One colour per policy, in order, the same in every plot of a report."""
+    return {policy: POLICY_COLOURS[i % len(POLICY_COLOURS)] for i, policy in enumerate(policies)}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -403,7 +433,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--long-runs", default=",".join(map(str, LONG_RUNS)),
                         help="comma-separated call counts N: also pool the runs with at least N calls "
                              "(default %(default)s; empty: none)")
-    parser.add_argument("--out", type=Path, help="write online.md, online.json and online.png here")
+    parser.add_argument("--out", type=Path, help="write online.md, online.json, online.png (tokens against price "
+                                                 "per policy) and online_by_length.png (per run, against its calls) "
+                                                 "here")
     parser.add_argument("--workers", type=int, default=1, help="processes (default %(default)s; MiniLM: keep 1)")
     return parser
 
@@ -445,6 +477,7 @@ def run(args: argparse.Namespace) -> int:
         (args.out / "online.json").write_text(json.dumps(report(replays, options, long_runs), indent=1))
         try:
             plot(groups, options, args.out / "online.png")
+            plot_by_length(replays, options, args.out / "online_by_length.png")
         except ImportError:
             print("gem online: no plot: matplotlib is not installed", file=sys.stderr)
     return 0

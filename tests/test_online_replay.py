@@ -252,6 +252,7 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     data = json.loads((tmp_path / "online.json").read_text())
     assert data["pooled"]["all"]["full"]["relative"]["tokens"] == 1.0 and len(data["runs"]) == 9
     assert (tmp_path / "online.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "online_by_length.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_cli_bills_with_the_given_prices(tmp_path, capsys):
