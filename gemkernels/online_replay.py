@@ -354,8 +354,9 @@ def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, path: Pat
     colours = policy_colours(groups[ALL_RUNS])
     for group, totals in groups.items():
         for policy, r in relative(totals, options.prices).items():
-            ax.scatter(r["tokens"], r["price"], color=colours[policy], marker=markers[group],
-                       s=70 if group == ALL_RUNS else 35, label=policy_label(policy, options) if group == ALL_RUNS else None)
+            main = group == ALL_RUNS
+            ax.scatter(r["tokens"], r["price"], color=colours[policy], marker=markers[group], s=70 if main else 35,
+                       label=policy_label(policy, options) if main else None)
     for group, marker in markers.items():
         ax.scatter([], [], facecolors="none", edgecolors="black", marker=marker, label=group)
     ax.axhline(1, color="grey", lw=0.5)
@@ -390,7 +391,8 @@ def plot_by_length(replays: Sequence[RunReplay], options: PolicyOptions, path: P
         ax.set_xlabel("model calls in the run")
         ax.set_ylabel(f"{label} vs full history")
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"Online replay per run (cached at {options.prices.cached:g}, uncached at {options.prices.uncached:g})")
+    prices = options.prices
+    fig.suptitle(f"Online replay per run (cached at {prices.cached:g}, uncached at {prices.uncached:g})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
