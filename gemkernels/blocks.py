@@ -87,9 +87,10 @@ class History:
         read = openai_block if self.format == OPENAI else anthropic_block
         return read(self.messages, self.spans[i])
 
-    def task_text(self) -> str:
-        """The latest user instruction that is not a tool result ('' if none)."""
-        for message in reversed(self.messages):
+    def task_text(self, which: str = "latest") -> str:
+        """The ``latest`` (or ``first``) user instruction that is not a tool result ('' if none)."""
+        order = reversed(self.messages) if which == "latest" else iter(self.messages)
+        for message in order:
             if message.get("role") == "user" and not is_tool_result_message(message):
                 text = content_text(message.get("content"))
                 if text.strip():

@@ -24,9 +24,11 @@ class GEMConfig:
     """Selection (tau, k, eps), online policy, guard (delta) and evidence settings.
 
     Online policy: nothing below ``min_blocks``; a global selection at a session's first eligible
-    request, on a goal change (if ``reselect_on_goal_change``), when the history is not an extension
-    of the last one, after ``reselect_every`` new blocks, or when appending would forward more than
+    request, on a goal change (if ``reselect_on_goal_change``), when the history is not an extension of the
+    last one, after ``reselect_every`` new blocks, or when appending would forward more than
     ``rewrite_above_blocks`` blocks or ``rewrite_above_tokens`` tokens (None: no budget); otherwise append.
+    Without an explicit goal, the goal is the ``goal_from`` = ``"latest"`` user instruction, or the
+    ``"first"`` (for agents that inject reminders as user messages, each of which would be a goal change).
 
     Budgeted (any of the two budgets or ``repay_factor`` set): the session starts from the full history
     (no selection at the first eligible request), appends only new blocks between rewrites (evidence
@@ -50,6 +52,7 @@ class GEMConfig:
     min_blocks: int = 16
     reselect_every: int = 256
     reselect_on_goal_change: bool = True
+    goal_from: str = "latest"
     rewrite_above_blocks: int | None = None
     rewrite_above_tokens: int | None = None
     repay_factor: float | None = None
@@ -76,6 +79,8 @@ class GEMConfig:
             raise ValueError(f"rewrite_above_tokens must be positive, got {self.rewrite_above_tokens}")
         if self.repay_factor is not None and self.repay_factor <= 0:
             raise ValueError(f"repay_factor must be positive, got {self.repay_factor}")
+        if self.goal_from not in ("latest", "first"):
+            raise ValueError(f"goal_from must be 'latest' or 'first', got {self.goal_from!r}")
         if not 0 <= self.cached_price <= self.uncached_price or self.uncached_price <= 0:
             raise ValueError(f"need 0 <= cached_price <= uncached_price and uncached_price > 0, got "
                              f"{self.cached_price} and {self.uncached_price}")

@@ -134,7 +134,7 @@ class GEM:
             stats.seconds["total"] = time.perf_counter() - started
             return Compressed(messages, stats)
 
-        goal_text = goal if goal is not None else history.task_text()
+        goal_text = goal if goal is not None else history.task_text(cfg.goal_from)
         state = self.store.get(session_id)
         keys = tuple(block_identity(messages, span) for span in spans)
         cache = state.block_cache if state is not None else {}

@@ -110,6 +110,24 @@ def test_reselection_triggers(change, reason):
     assert again.stats.action == "reselected" and reason in again.stats.reason
 
 
+@pytest.mark.parametrize("goal_from, action", [("latest", "reselected"), ("first", "appended")])
+def test_an_injected_reminder_is_a_goal_change_only_for_the_latest_instruction(goal_from, action):
+    gem = make_gem(GEMConfig(goal_from=goal_from))
+    messages = synthetic_history(40, seed=12)
+    gem.compress(messages, session_id="r")
+    reminder = {"role": "user", "content": "Please always provide EXACTLY ONE action."}
+    later = synthetic_history(42, seed=12)
+    result = gem.compress(messages + later[-4:-2] + [reminder] + later[-2:], session_id="r")
+    assert result.stats.action == action
+    history = parse_history(messages + [reminder])
+    assert history.task_text() == reminder["content"] and history.task_text("first") == messages[1]["content"]
+
+
+def test_goal_from_must_be_latest_or_first():
+    with pytest.raises(ValueError, match="goal_from"):
+        GEMConfig(goal_from="middle")
+
+
 def test_reselect_every_n_blocks():
     gem = make_gem(GEMConfig(reselect_every=5))
     full = synthetic_history(30, seed=5)
