@@ -175,7 +175,7 @@ class GEM:
 
         out = reconstruct(history, forwarded)
         self.store.put(session_id, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text,
-                                                selected_at, cache))
+                                                selected_at, {key: cache[key] for key in keys}))
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
         if self.count_tokens is not None:
@@ -241,13 +241,14 @@ class GEM:
 
 def block_identity(messages: Sequence[Any], span: Span) -> str:
     """A block's identity within a session: its tool-call ids plus a hash of what it says, so a block
-    rewritten under the same ids (an elided old output, say) counts as a new block."""
+    rewritten under the same ids (an elided old output, say) counts as a new block. Prompt-cache
+    breakpoints (``cache_control``, which clients move to the newest message every turn) are not part of it."""
     said: list[Any] = []
     for p in span.positions:
         message = messages[p]
         for name in ("content", "reasoning_content", "reasoning"):
             value = message.get(name)
-            said.append(value if value is None or isinstance(value, str) else repr(value))
+            said.append(value if value is None or isinstance(value, str) else repr(without_cache_marks(value)))
         for call in message.get("tool_calls") or ():
             function = call.get("function")
             if not isinstance(function, dict):
@@ -256,6 +257,14 @@ def block_identity(messages: Sequence[Any], span: Span) -> str:
             name, arguments = function.get("name"), function.get("arguments")
             said.append((repr(name), arguments if isinstance(arguments, str) else repr(arguments)))
     return f"{span.key}\x1e{hash(tuple(said)):x}"
+
+
+def without_cache_marks(content: Any) -> Any:
+    """``content`` with the ``cache_control`` key left out of its parts (Anthropic's prompt-cache breakpoints)."""
+    if isinstance(content, list):
+        return [{k: v for k, v in part.items() if k != "cache_control"} if isinstance(part, dict) else part
+                for part in content]
+    return content
 
 
 def serialised_chars(message: Any) -> int:
@@ -272,7 +281,8 @@ def request_chars(messages: Sequence[Any], history: History, infos: Sequence[Blo
 
 def prefix_session_id(history: History) -> str:
     """A session id for callers that give none: the hash of the prefix (system prompt and task)."""
-    prefix = json.dumps(list(history.messages[:history.prefix_end]), sort_keys=True, default=str)
+    prefix = json.dumps([{**m, "content": without_cache_marks(m.get("content"))} if isinstance(m, dict) else m
+                         for m in history.messages[:history.prefix_end]], sort_keys=True, default=str)
     return "prefix-" + hashlib.sha256(prefix.encode()).hexdigest()[:16]
 
 

@@ -304,3 +304,31 @@ def test_legacy_function_messages_are_never_removed(preset):
     assert legacy <= set(positions)
     parse_history(result.messages)
     assert result.stats.chars_after == len(json.dumps(result.messages))
+
+
+def long_anthropic_history(num_blocks: int) -> list[dict]:
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Fix the failing test in utils.py"}]}]
+    for b in range(num_blocks):
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": f"step {b}"},
+                                                          tool_use(f"tu_{b}", command=f"grep -n f{b} utils.py")]})
+        messages.append({"role": "user", "content": [tool_result(f"tu_{b}", f"utils.py:{b}: def f{b}(): " + "x" * b)]})
+    return messages
+
+
+def with_breakpoint_on_last(messages: list[dict]) -> list[dict]:
+    """What prompt-caching clients send: a ``cache_control`` mark on the newest message's last part only."""
+    out = copy.deepcopy(messages)
+    out[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return out
+
+
+@pytest.mark.parametrize("preset", ["paper", "cache-aware"])
+def test_a_moving_cache_breakpoint_neither_rewrites_nor_reencodes(preset):
+    gem = GEM(preset, encoder=HashEncoder(64), token_counter=None)
+    whole = long_anthropic_history(24)
+    first = gem.compress(with_breakpoint_on_last(whole[:1 + 2 * 22]))
+    second = gem.compress(with_breakpoint_on_last(whole[:1 + 2 * 23]))
+    assert second.stats.session_id == first.stats.session_id
+    assert second.stats.action == "appended" and second.stats.encoded_blocks == 1
+    # the forwarded messages are the caller's own, marks included
+    assert second.messages[-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}

@@ -222,3 +222,13 @@ def test_dict_arguments_and_rewritten_blocks_are_handled():
     again = gem.compress(rewritten, session_id="d")
     assert again.stats.action == "reselected" and "not an extension" in again.stats.reason
     assert again.stats.encoded_blocks == 1 and again.stats.chars_before == len(json.dumps(rewritten))
+
+
+def test_the_block_cache_holds_only_the_blocks_of_the_last_request():
+    gem = make_gem()
+    messages = synthetic_history(20, seed=13)
+    gem.compress(messages, session_id="m")
+    elided = messages[:7] + [{**messages[7], "content": "[output elided]"}] + messages[8:]  # block 2 rewritten
+    result = gem.compress(elided, session_id="m")
+    cache = gem.store.get("m").block_cache
+    assert result.stats.encoded_blocks == 1 and len(cache) == 20
