@@ -23,6 +23,7 @@ from .api import select
 from .arrays import to_numpy
 from .blocks import BlockStructureError, History, Span, parse_history, reconstruct
 from .config import GEMConfig, resolve_config
+from .costs import o200k_encode, serialise
 from .encoders import Encoder, make_encoder
 from .evidence import BlockFeatures, block_features, evidence_picks
 from .guard import guarded_removals
@@ -82,11 +83,10 @@ class Compressed:
 def default_token_counter() -> Callable[[str], int] | None:
     """o200k token counts through ``bpe-openai`` (offline) when installed, else None."""
     try:
-        import bpe_openai
+        encode = o200k_encode()
     except ImportError:
         return None
-    encoding = bpe_openai.get_encoding("o200k_base")
-    return lambda text: len(encoding.encode_ordinary(text))
+    return lambda text: len(encode(text))
 
 
 class GEM:
@@ -151,8 +151,8 @@ class GEM:
         sizes = [block_tokens(info) for info in infos]
         chars_before = request_chars(messages, history, infos)
         appended: set[int] = set()
+        seen = len(state.block_keys) if state is not None else 0  # blocks of the last request
         if reason is None:
-            seen = len(state.block_keys) if state is not None else n
             before = set(range(n)) if state is None else {b for b in range(seen) if keys[b] in state.forwarded}
             appended = before | set(range(seen, n)) | (set() if cfg.budgeted else set(seeds))
             reason = budget_reason(appended, sizes, cfg)
@@ -169,8 +169,7 @@ class GEM:
         else:
             forwarded, action = appended, APPENDED
             selected_at = state.blocks_at_selection if state is not None else 0
-            new = n - (len(state.block_keys) if state is not None else 0)
-            reason = f"{new} new blocks appended to the saved forwarded set"
+            reason = f"{n - seen} new blocks appended to the saved forwarded set"
         select_seconds = time.perf_counter() - select_started
 
         out = reconstruct(history, forwarded)
@@ -179,7 +178,7 @@ class GEM:
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
         if self.count_tokens is not None:
-            other = sum(self.count_tokens(json.dumps(messages[p], ensure_ascii=False))
+            other = sum(self.count_tokens(serialise(messages[p]))
                         for p in range(len(messages)) if p not in history.block_positions)
             tokens_before = other + sum(info.tokens for info in infos)
             tokens_after = tokens_before - sum(infos[b].tokens for b in removed)
@@ -234,7 +233,7 @@ class GEM:
                 cache[keys[b]] = BlockInfo(
                     chars=sum(serialised_chars(m) for m in messages),
                     tokens=None if self.count_tokens is None else sum(
-                        self.count_tokens(json.dumps(m, ensure_ascii=False)) for m in messages),
+                        self.count_tokens(serialise(m)) for m in messages),
                     features=block_features(block), embedding=embedding)
         return [cache[key] for key in keys], len(new)
 
