@@ -344,6 +344,22 @@ def test_batch_equals_single_and_reference(backend):
         assert batch[s].num_protected == single.num_protected == ref.num_protected
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_numpy_single_session_path_is_the_batch_path_exactly(dtype):
+    """`select` on one numpy session skips the batch layout; its answer must be bit for bit the batch path's."""
+    rng = np.random.default_rng(21)
+    for _ in range(60):
+        n, d = int(rng.integers(1, 40)), int(rng.integers(1, 12))
+        x = rng.standard_normal((n, d)).astype(dtype)
+        p = rng.choice(n, size=int(rng.integers(0, min(n, 4) + 1)), replace=False)
+        tau, k = float(rng.choice([0.5, 0.9, 1.0])), int(rng.integers(0, n + 1))
+        one = gk.select(x, protected=p, tau=tau, k=k)
+        batch = gk.select_batch([x], protected=[p], tau=tau, k=k)[0]
+        assert to_np(one.indices).tolist() == to_np(batch.indices).tolist()
+        assert (one.coverage, one.stop, one.num_protected) == (batch.coverage, batch.stop, batch.num_protected)
+        assert np.array_equal(one.residuals, batch.residuals) and one.residuals.dtype == batch.residuals.dtype
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_batch_scalar_tau_k_broadcast(backend):
     xs, ps, es, _, _ = batch_problem(backend, seed=12)

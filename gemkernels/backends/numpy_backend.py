@@ -24,12 +24,13 @@ LIBRARY = "numpy"
 
 def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, tau: np.ndarray,
                   capacity: np.ndarray, eps: float) -> PackedSelection:
-    """Every session in turn; see `select_one`."""
+    """Every session in turn; see `select_one`. Coverage is float64 whatever the input, as `select_one` returns it."""
+    values = values.astype(compute_dtype(values), copy=False)  # widened once for every session
     sessions = batch.num_sessions
     indices = np.full((sessions, int(capacity.max())), -1, dtype=np.int64)
     counts = np.zeros(sessions, dtype=np.int64)
-    coverage = np.zeros(sessions, dtype=compute_dtype(values))
-    residuals = np.empty(values.shape[0], dtype=coverage.dtype)
+    coverage = np.zeros(sessions, dtype=np.float64)
+    residuals = np.empty(values.shape[0], dtype=values.dtype)
     for s, (a, b) in enumerate(zip(batch.offsets[:-1].tolist(), batch.offsets[1:].tolist())):
         order, coverage[s], residuals[a:b] = select_one(values[a:b], sq_norms[a:b], batch.protected[a:b],
                                                         batch.eligible[a:b], float(tau[s]), int(capacity[s]), eps)

@@ -37,10 +37,9 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
         out[session_of_row, local_row] = torch.as_tensor(mask, device=device)
         return out
 
-    valid = pad_mask(np.ones(values.shape[0], dtype=bool))
     protected = pad_mask(batch.protected)
     candidates = pad_mask(batch.eligible) & ~protected
-    residuals = valid.to(dtype)
+    residuals = (torch.arange(n_max, device=device) < lengths.unsqueeze(1)).to(dtype)  # 0 on padding
     basis = torch.zeros(sessions, width, x.shape[1], dtype=dtype, device=device)
     num_directions = torch.zeros(sessions, dtype=torch.long, device=device)
     everyone = torch.arange(sessions, device=device)
@@ -83,4 +82,4 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
         add_direction(pivot, active)
 
     coverage = 1 - residuals.sum(dim=1) / lengths
-    return PackedSelection(indices, counts, coverage, residuals[valid])
+    return PackedSelection(indices, counts, coverage, residuals[session_of_row, local_row])

@@ -63,13 +63,13 @@ def choose_path(lengths: np.ndarray, d: int) -> str:
 
 
 def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor, tau: np.ndarray,
-                  capacity: np.ndarray, eps: float, options: TritonOptions | None = None) -> PackedSelection:
+                  capacity: np.ndarray, eps: float) -> PackedSelection:
     """Prepare the packed inputs the kernels share, run the chosen path, return packed results."""
     from ..kernels.greedy_fused import greedy_fused
     from ..kernels.greedy_stepwise import greedy_stepwise
     from ..kernels.gram import ragged_gram
 
-    options = options or OPTIONS
+    options = OPTIONS  # tests and the benchmark swap the module's OPTIONS to force a path or tiles
     path = options.path or choose_path(batch.lengths, batch.dim)
     if path not in PATHS:
         raise ValueError(f"unknown triton path {path!r}; choose one of {PATHS}")
