@@ -9,7 +9,6 @@ per-run values (spectra) or per-run checkpoint means (replacement deltas).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,8 +17,9 @@ import numpy as np
 
 from . import analysis
 from .analysis import CONDITIONS, DELTAS, RHO, STATS, CheckpointResult, Tolerance
-from .encoders import make_encoder
-from .replay import EmbeddingCache, RunJob, column_means, load_long_runs, prepare, save, table, write_report
+from .encoders import ENCODER_HELP, make_encoder
+from .replay import (DEFAULT_CACHE_DIR, EmbeddingCache, RunJob, column_means, load_long_runs, prepare, save, table,
+                     write_report)
 from .representation import block_text
 
 LABELS = {"real": "Real", "feature_shift": "Feature-shift", "gaussian": "Gaussian",
@@ -190,17 +190,16 @@ def plot(summary: dict[str, object], out: Path) -> list[Path]:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``analyze`` (handler in ``func``)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemkernels" / "embeddings"
     p = subparsers.add_parser("analyze", help="spectral concentration with controls, low-energy action share, "
                                               "controlled replacement", description=__doc__.splitlines()[0])
     p.add_argument("paths", nargs="+", help="recorded runs: files, directories or globs")
-    p.add_argument("--encoder", default="minilm", help="minilm (default), hash, hash-<dim> or openai:<model>")
+    p.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     p.add_argument("--out", default="analysis-out", help="folder for analysis.md, analysis.json and the plots")
     p.add_argument("--seed", type=int, default=0, help="seed of the control matrices")
     p.add_argument("--min-blocks", type=int, default=16, help="runs need more blocks, checkpoints at least this many")
     p.add_argument("--bands", type=int, default=5, help="rank bands of Figure 3 (default %(default)s)")
     p.add_argument("--tau", type=float, default=0.90, help="coverage target of the greedy counts")
-    p.add_argument("--cache-dir", default=str(cache), help="embedding cache (default %(default)s)")
+    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="embedding cache (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
     return p

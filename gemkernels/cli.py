@@ -24,6 +24,7 @@ from typing import Any
 
 from . import analyze_cli, benchmark, online_replay, replay
 from .config import OVERRIDE_HELP, PRESETS, with_overrides
+from .encoders import ENCODER_HELP
 from .gem import GEM, CompressionStats
 from .loaders import checkpoints, read_runs
 
@@ -136,8 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     comp = commands.add_parser("compress", help="compress a chat request or a recorded run")
     comp.add_argument("source", help="request/messages JSON, a recorded run (mini-swe-agent, SWE-agent, "
                                      "tau-bench, OpenAI JSON/JSONL), or - for a request on stdin")
-    comp.add_argument("--encoder", default="minilm",
-                      help="minilm (default, offline), hash, hash-<dim>, or openai:<model>[:<dimensions>]")
+    comp.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     comp.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="default %(default)s")
     comp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help=OVERRIDE_HELP)
     comp.add_argument("--step", type=int, help="cut a recorded run before its N-th assistant action")

@@ -127,13 +127,22 @@ class CachedEncoder:
         return out
 
 
+ENCODER_HELP = ("minilm (offline all-MiniLM-L6-v2, the default), hash, hash-<dim>, or openai:<model>[:<dimensions>] "
+                "(an OpenAI-compatible /v1/embeddings at $GEM_EMBEDDINGS_BASE_URL)")
+
+
+def is_hash_encoder(name: str) -> bool:
+    """Whether ``name`` is the dependency-free deterministic encoder (``hash`` or ``hash-<dim>``)."""
+    return name == "hash" or name.startswith("hash-")
+
+
 def make_encoder(name: str) -> Encoder:
     """An encoder by name, wrapped in a cache: ``minilm`` (default real model), ``hash`` / ``hash-<dim>``,
     or ``openai:<model>[:<dimensions>]`` served at ``$GEM_EMBEDDINGS_BASE_URL`` (default OpenAI's API),
     key from ``$GEM_EMBEDDINGS_API_KEY``, else ``$OPENAI_API_KEY``."""
     if name == "minilm":
         return CachedEncoder(MiniLMEncoder())
-    if name == "hash" or name.startswith("hash-"):
+    if is_hash_encoder(name):
         return CachedEncoder(HashEncoder(int(name[5:]) if name != "hash" else 256))
     if name.startswith("openai:"):
         from .remote_encoder import OpenAIEmbeddingsEncoder

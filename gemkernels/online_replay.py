@@ -27,7 +27,6 @@ import argparse
 import itertools
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -40,11 +39,11 @@ from typing import Any
 
 from .blocks import History, parse_history
 from .costs import CallCost, Encode, Prices, TokenCache, Totals, call_cost, o200k_encode
-from .encoders import Encoder, make_encoder
+from .encoders import ENCODER_HELP, Encoder, is_hash_encoder, make_encoder
 from .loaders import Run, checkpoints, load_runs
 from .metrics import argument_strings, block_words, nearest, referenced_blocks, references, retained_fraction
 from .online_policies import POLICIES, PolicyOptions, policy_builder, policy_label
-from .replay import EmbeddingCache, action_text
+from .replay import DEFAULT_CACHE_DIR, EmbeddingCache, action_text
 from .representation import block_text
 
 BASELINE = "full"
@@ -54,7 +53,6 @@ EVIDENCE_POLICIES = ("amortized", "gem-cache-aware")
 LONG_RUNS = (40, 60)
 POLICY_COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9", "black")  # no grey: the group markers
 ALL_RUNS = "all"
-EMBEDDING_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemkernels" / "embeddings"
 
 
 @dataclass(frozen=True)
@@ -115,9 +113,9 @@ def group_order(groups: Iterable[str]) -> list[str]:
 @cache
 def shared_encoder(name: str) -> Encoder:
     """One encoder per name and process, so each distinct block text is embedded once for all presets and runs;
-    a model encoder (not ``hash``) also reads and fills the on-disk cache of `gem replay` (``EMBEDDING_CACHE``)."""
+    a model encoder (not ``hash``) also reads and fills the on-disk cache of `gem replay` (``DEFAULT_CACHE_DIR``)."""
     encoder = make_encoder(name)
-    return encoder if name == "hash" or name.startswith("hash-") else EmbeddingCache(encoder, EMBEDDING_CACHE)
+    return encoder if is_hash_encoder(name) else EmbeddingCache(encoder, DEFAULT_CACHE_DIR)
 
 
 def replay_run(run: Run, policies: Sequence[str], options: PolicyOptions,
@@ -149,6 +147,9 @@ def replay_run(run: Run, policies: Sequence[str], options: PolicyOptions,
                 rewrite = rewrite_evidence(call, whole, request, forwarded.messages, tokens, encoder(options.encoder))
                 if rewrite is not None:
                     found[name].append(rewrite)
+    model = encoder(options.encoder)
+    if isinstance(model, EmbeddingCache):
+        model.flush()  # one shard per run, not one per call
     return RunReplay(run.name, run.format, run.path, calls, found)
 
 
@@ -426,9 +427,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                              "(default %(default)s)")
     parser.add_argument("--amortized-keep", type=int, default=PolicyOptions.amortized_keep,
                         help="amortized forgetting: the newest blocks kept at a rewrite (default %(default)s)")
-    parser.add_argument("--encoder", default=PolicyOptions.encoder,
-                        help="GEM's encoder: minilm, hash, hash-<dim>, openai:<model>[:<dimensions>] "
-                             "(default %(default)s)")
+    parser.add_argument("--encoder", default=PolicyOptions.encoder, help=f"GEM's encoder: {ENCODER_HELP}")
     parser.add_argument("--evidence-policies", default=",".join(EVIDENCE_POLICIES),
                         help="comma-separated policies whose rewrites get the next-action evidence metrics "
                              "(default %(default)s; empty: none)")

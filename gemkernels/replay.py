@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .blocks import Block, parse_history
-from .encoders import Encoder, make_encoder
+from .encoders import ENCODER_HELP, Encoder, make_encoder
 from .evidence import block_features
 from .loaders import Run, load_runs
 from .metrics import METRICS, Targets, argument_strings, block_words, referenced_blocks, references
@@ -35,19 +35,22 @@ from .representation import MAX_CHARS, block_text
 from .selectors import LABELS, SELECTORS, View, natural_budget
 
 DEFAULT_KS = tuple(range(8, 21))
+DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemkernels" / "embeddings"
 DEFAULT_TAUS = tuple(round(0.85 + 0.01 * i, 2) for i in range(11))
 Row = tuple[str, str, float, int, np.ndarray]  # (experiment, selector, K or tau, t, METRICS values)
 
 
 class EmbeddingCache:
     """An `Encoder` whose vectors persist as ``.npz`` shards under ``folder/<encoder name>/``, keyed by the
-    SHA-256 of the text: every distinct text is encoded once, across processes and runs."""
+    SHA-256 of the text: every distinct text is encoded once, across processes and runs. New vectors are
+    written a shard of ``shard_size`` at a time; `flush` writes the rest (call it when a unit of work ends)."""
 
     def __init__(self, encoder: Encoder, folder: str | os.PathLike[str], shard_size: int = 128):
         self.encoder, self.name, self.dim = encoder, encoder.name, encoder.dim
         self.folder = Path(folder) / re.sub(r"[^\w.-]+", "_", encoder.name)
         self.shard_size = shard_size
         self.vectors: dict[str, np.ndarray] = {}
+        self.unsaved: list[str] = []
         for shard in sorted(self.folder.glob("*.npz")):
             with np.load(shard) as data:
                 self.vectors.update(zip(data["keys"].tolist(), data["vectors"]))
@@ -57,22 +60,30 @@ class EmbeddingCache:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def fill(self, texts: Sequence[str], progress: bool = False) -> int:
-        """Encode and persist the distinct texts not cached yet, one shard per batch; returns how many."""
+        """Encode the distinct texts not cached yet, in batches of ``shard_size``; returns how many."""
         todo = list({self.key(t): t for t in texts if self.key(t) not in self.vectors}.items())
         batches = range(0, len(todo), self.shard_size)
         if progress and todo:
             from tqdm import tqdm
 
             batches = tqdm(batches, desc=f"encoding {len(todo)} texts ({self.name})", unit="batch")
-        self.folder.mkdir(parents=True, exist_ok=True)
         for start in batches:
             keys, chunk = zip(*todo[start:start + self.shard_size])
-            vectors = np.asarray(self.encoder.encode(list(chunk)), dtype=np.float32)
-            partial = self.folder / f".{uuid.uuid4().hex}.npz"
-            np.savez(partial, keys=np.array(keys), vectors=vectors)
-            os.replace(partial, self.folder / partial.name[1:])
-            self.vectors.update(zip(keys, vectors))
+            self.vectors.update(zip(keys, np.asarray(self.encoder.encode(list(chunk)), dtype=np.float32)))
+            self.unsaved.extend(keys)
+            if len(self.unsaved) >= self.shard_size:
+                self.flush()
         return len(todo)
+
+    def flush(self) -> None:
+        """Write the vectors not on disk yet as one shard (atomically: a reader never sees half a shard)."""
+        if not self.unsaved:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.folder / f".{uuid.uuid4().hex}.npz"
+        np.savez(partial, keys=np.array(self.unsaved), vectors=np.stack([self.vectors[k] for k in self.unsaved]))
+        os.replace(partial, self.folder / partial.name[1:])
+        self.unsaved = []
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         self.fill(texts)
@@ -131,6 +142,7 @@ def prepare(runs: Sequence[Run], cache: EmbeddingCache, min_blocks: int, progres
                            [action_text(blocks[t]) for t in checkpoints], goals))
     cache.fill([text for _, _, _, texts, actions, goals in staged for text in (*texts, *actions, *goals)
                 if text.strip()], progress)
+    cache.flush()
     nan = np.full(cache.dim, np.nan, dtype=np.float32)
     return [RunJob(name, blocks, checkpoints, cache.encode(texts), cache.encode(actions),
                    np.stack([cache.encode([g])[0] if g.strip() else nan for g in goals]))
@@ -388,13 +400,12 @@ def name_list(text: str) -> tuple[str, ...]:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``replay`` (handler in ``func``)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemkernels" / "embeddings"
     p = subparsers.add_parser("replay", help="offline checkpoint replay: selectors at the same K, K and tau sweeps",
                               description=__doc__.splitlines()[0],
                               epilog="Per-call tokens, prompt cache and price of whole runs under each forwarding "
                                      "policy (GEM presets, amortized forgetting, window, masking): gem online.")
     p.add_argument("paths", nargs="+", help="recorded runs: files, directories or globs")
-    p.add_argument("--encoder", default="minilm", help="minilm (default), hash, hash-<dim> or openai:<model>")
+    p.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     p.add_argument("--k", type=int, default=16, help="retained count of the selector table (default %(default)s)")
     p.add_argument("--sweep", nargs="*", choices=("k", "tau"), default=[], help="also sweep exact K and/or tau")
     p.add_argument("--ks", type=int_list, default=DEFAULT_KS, help="K values of the sweep (default 8-20)")
@@ -404,7 +415,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--out", default="replay-out", help="folder for replay.md, replay.json and the plots")
     p.add_argument("--workers", type=int, default=1, help="processes replaying runs (encoding stays in one)")
     p.add_argument("--max-runs", type=int, help="replay only the first N runs that have checkpoints")
-    p.add_argument("--cache-dir", default=str(cache), help="embedding cache (default %(default)s)")
+    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="embedding cache (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random selectors")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)

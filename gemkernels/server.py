@@ -47,7 +47,7 @@ from starlette.routing import Route
 
 from .batching import BatchingEncoder, SelectionBatcher
 from .config import OVERRIDE_HELP, PRESETS, with_overrides
-from .encoders import make_encoder
+from .encoders import ENCODER_HELP, make_encoder
 from .evidence import json_object
 from .gem import GEM, PASSTHROUGH, Compressed
 from .sessions import SessionStore
@@ -319,7 +319,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=8088, help="default %(default)s")
     p.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="default %(default)s")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help=OVERRIDE_HELP)
-    p.add_argument("--encoder", default="minilm", help="minilm (default), hash, hash-<dim> or openai:<model>")
+    p.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="batching wait (default %(default)s ms)")
     p.add_argument("--max-batch", type=int, default=64, help="default %(default)s")
     p.add_argument("--workers", type=int, default=8, help="compression threads (default %(default)s)")

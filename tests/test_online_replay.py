@@ -277,3 +277,13 @@ def test_cli_bills_with_the_given_prices(tmp_path, capsys):
 def test_cli_rejects_bad_options(argv, capsys):
     assert run(parse(["online", str(FIXTURES), *argv])) == 2
     assert "gem online" in capsys.readouterr().err
+
+
+def test_a_model_encoder_writes_one_cache_shard_per_run(tmp_path):
+    from gemkernels import online_replay
+
+    cache = online_replay.EmbeddingCache(CachedEncoder(HashEncoder(16)), tmp_path)
+    run_ = Run("r", "openai", synthetic(40), "Fix it", "<memory>")
+    replayed = replay_run(run_, ["full", "gem-cache-aware"], OPTIONS, lambda name: cache)
+    assert sum(c.embedding > 0 for c in replayed.calls["gem-cache-aware"]) > 2  # blocks encoded over many calls
+    assert len(list(tmp_path.glob("*/*.npz"))) == 1 and not cache.unsaved

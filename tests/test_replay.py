@@ -30,10 +30,17 @@ def test_cache_encodes_each_text_once_across_instances(tmp_path):
     inner = CountingEncoder()
     cache = EmbeddingCache(inner, tmp_path, shard_size=2)
     first = cache.encode(["a", "b", "a", "c"])
-    assert inner.seen == ["a", "b", "c"] and len(list((tmp_path / "hash-32").glob("*.npz"))) == 2
+    shards = tmp_path / "hash-32"
+    assert inner.seen == ["a", "b", "c"] and len(list(shards.glob("*.npz"))) == 1  # "c" waits for a full shard
+    cache.encode(["d"])
+    assert len(list(shards.glob("*.npz"))) == 2  # c, d
+    cache.encode(["e"])
+    cache.flush()
+    cache.flush()  # nothing left: no empty shard
+    assert len(list(shards.glob("*.npz"))) == 3 and not list(shards.glob(".*"))
     again = EmbeddingCache(CountingEncoder(), tmp_path)
     np.testing.assert_array_equal(again.encode(["c", "a"]), first[[3, 0]])
-    assert again.encoder.seen == [] and again.fill(["a", "d"]) == 1
+    assert again.encoder.seen == [] and again.fill(["a", "f"]) == 1
 
 
 @pytest.fixture(scope="module")
