@@ -18,8 +18,8 @@ import numpy as np
 from . import analysis
 from .analysis import CONDITIONS, DELTAS, RHO, STATS, CheckpointResult, Tolerance
 from .encoders import ENCODER_HELP, make_encoder
-from .replay import (DEFAULT_CACHE_DIR, EmbeddingCache, RunJob, column_means, load_long_runs, prepare, save, table,
-                     write_report)
+from .replay import (DEFAULT_CACHE_DIR, EmbeddingCache, RunJob, column_means, load_long_runs, prepare, pyplot, save,
+                     table, write_report)
 from .representation import block_text
 
 LABELS = {"real": "Real", "feature_shift": "Feature-shift", "gaussian": "Gaussian",
@@ -157,10 +157,7 @@ def markdown(summary: dict[str, object]) -> str:
 
 def plot(summary: dict[str, object], out: Path) -> list[Path]:
     """Figure 1 (effective rank and r90/n per condition, runs joined) and Figure 3 (band shares)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     per_run = summary["spectral"]["per_run"].values()
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.6))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import sys
 import time
@@ -43,7 +42,7 @@ from .encoders import ENCODER_HELP, Encoder, is_hash_encoder, make_encoder
 from .loaders import Run, checkpoints, load_runs
 from .metrics import argument_strings, block_words, nearest, referenced_blocks, references, retained_fraction
 from .online_policies import POLICIES, PolicyOptions, policy_builder, policy_label
-from .replay import DEFAULT_CACHE_DIR, EmbeddingCache, action_text
+from .replay import DEFAULT_CACHE_DIR, EmbeddingCache, action_text, pyplot, save, write_report
 from .representation import block_text
 
 BASELINE = "full"
@@ -343,12 +342,9 @@ def report(replays: Sequence[RunReplay], options: PolicyOptions, long_runs: Sequ
     }
 
 
-def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, path: Path) -> None:
+def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, path: Path) -> Path:
     """Tokens vs price relative to the full history: one colour per policy, one marker per group."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 5))
     markers = dict(zip(groups, itertools.cycle("o^sDvP*X")))
@@ -367,17 +363,12 @@ def plot(groups: dict[str, dict[str, Totals]], options: PolicyOptions, path: Pat
     ax.set_ylabel(f"price vs full history (cached at {prices.cached:g}, uncached at {prices.uncached:g})")
     ax.set_title("Online replay: tokens and price per forwarding policy")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save(fig, path)
 
 
-def plot_by_length(replays: Sequence[RunReplay], options: PolicyOptions, path: Path) -> None:
+def plot_by_length(replays: Sequence[RunReplay], options: PolicyOptions, path: Path) -> Path:
     """Each run's tokens and price relative to its full history against its number of calls, per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     policies = [p for p in replays[0].calls if p != BASELINE]
     colours = policy_colours(replays[0].calls)
@@ -394,9 +385,7 @@ def plot_by_length(replays: Sequence[RunReplay], options: PolicyOptions, path: P
     axes[1].legend(fontsize=8)
     prices = options.prices
     fig.suptitle(f"Online replay per run (cached at {prices.cached:g}, uncached at {prices.uncached:g})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save(fig, path)
 
 
 def policy_colours(policies: Iterable[str]) -> dict[str, str]:
@@ -470,17 +459,20 @@ def run(args: argparse.Namespace) -> int:
     table = markdown(groups, counts, options)
     if any(replay.evidence for replay in replays):
         table += "\n" + evidence_markdown(pooled_evidence(replays, long_runs), options)
-    print(table)
     print(f"{len(replays)} runs in {time.perf_counter() - started:.1f} s, encoder {args.encoder}", file=sys.stderr)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "online.md").write_text(table)
-        (args.out / "online.json").write_text(json.dumps(report(replays, options, long_runs), indent=1))
+    if not args.out:
+        print(table)
+        return 0
+
+    def plots(summary: dict[str, Any], out: Path) -> list[Path]:
         try:
-            plot(groups, options, args.out / "online.png")
-            plot_by_length(replays, options, args.out / "online_by_length.png")
+            return [plot(groups, options, out / "online.png"),
+                    plot_by_length(replays, options, out / "online_by_length.png")]
         except ImportError:
             print("gem online: no plot: matplotlib is not installed", file=sys.stderr)
+            return []
+
+    write_report(args.out, "online", report(replays, options, long_runs), table, plots)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -23,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -336,10 +338,7 @@ def markdown(summary: dict[str, object]) -> str:
 
 def plot(summary: dict[str, object], out: Path) -> list[Path]:
     """Figure 5 of the paper: (a) Top-3 retention at exact K, (b) Top-3 and retained fraction against tau."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     written = []
     if "k_sweep" in summary:
@@ -366,13 +365,21 @@ def plot(summary: dict[str, object], out: Path) -> list[Path]:
     return written
 
 
-def save(fig: object, path: Path) -> Path:
-    """Write a figure as PNG and close it."""
+def pyplot() -> Any:
+    """matplotlib.pyplot on the non-interactive Agg backend (ImportError without matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save(fig: Any, path: Path) -> Path:
+    """Write a figure as PNG and close it."""
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -423,13 +430,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def write_report(out: Path, stem: str, summary: dict, report: str, plot: Callable[[dict, Path], list[Path]]) -> None:
-    """Write ``<stem>.json``, ``<stem>.md`` and the plots into ``out``; print the report, and what was written."""
+    """Write ``<stem>.json`` (strict JSON: nan and inf as null), ``<stem>.md`` and the plots into ``out``; print the
+    report, and what was written."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
+    (out / f"{stem}.json").write_text(json.dumps(finite(summary), indent=1, allow_nan=False))
     (out / f"{stem}.md").write_text(report + "\n")
     written = [out / f"{stem}.json", out / f"{stem}.md", *plot(summary, out)]
     print(report)
     print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every nan or infinite float (nested in dicts, lists, tuples) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def load_long_runs(paths: Sequence[str], min_blocks: int, command: str) -> list[Run]:
