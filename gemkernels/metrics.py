@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .blocks import Block
+
 # E(S), C(S), P_a(S), R_a(S), T3, R_final(S), R_goal(S), referenced blocks kept, |S| / n
 METRICS = ("coverage", "centroid", "action_projection", "action", "top3", "final", "goal", "referenced",
            "retained")
@@ -182,6 +184,11 @@ def references(text: str) -> References:
     rest = PATH.sub(" ", text)
     words = {w for w in IDENTIFIER.findall(rest) if w.lower() not in COMMON} | set(NUMBER.findall(rest))
     return References(frozenset(words), frozenset(strings))
+
+
+def action_references(action: Block) -> References:
+    """The reference tokens of every argument string of an action block's tool calls."""
+    return references("\n".join(s for call in action.actions for s in argument_strings(call.arguments)))
 
 
 def referenced_blocks(refs: References, texts: Sequence[str], words: Sequence[frozenset[str]]) -> list[int]:

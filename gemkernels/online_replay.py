@@ -40,7 +40,7 @@ from .blocks import History, parse_history
 from .costs import CallCost, Encode, Prices, TokenCache, Totals, call_cost, o200k_encode
 from .encoders import ENCODER_HELP, Encoder, is_hash_encoder, make_encoder
 from .loaders import Run, checkpoints, load_runs
-from .metrics import argument_strings, block_words, nearest, referenced_blocks, references, retained_fraction
+from .metrics import action_references, block_words, nearest, referenced_blocks, retained_fraction
 from .online_policies import POLICIES, PolicyOptions, policy_builder, policy_label
 from .replay import DEFAULT_CACHE_DIR, EmbeddingCache, action_text, pyplot, save, write_report
 from .representation import block_text
@@ -166,16 +166,17 @@ def rewrite_evidence(call: int, whole: History, request: Sequence[dict[str, Any]
     sizes = [sum(len(tokens.message(request[p])) for p in span.positions) for span in history.spans]
     kept_tokens = sum(sizes[b] for b in kept)
     recent: list[int] = []
+    recent_tokens = 0
     for b in range(n - 1, -1, -1):
-        if sum(sizes[r] for r in recent) + sizes[b] > kept_tokens:
+        recent_tokens += sizes[b]
+        if recent_tokens > kept_tokens:
             break
         recent.append(b)
     blocks, action = history.blocks, whole.blocks[n]
     x = encoder.encode([block_text(block) for block in blocks])
     near = nearest(x, encoder.encode([action_text(action)])[0], 3).tolist()
     texts = [block_text(block, sys.maxsize) for block in blocks]
-    refs = references("\n".join(s for a in action.actions for s in argument_strings(a.arguments)))
-    named = referenced_blocks(refs, texts, [block_words(t) for t in texts])
+    named = referenced_blocks(action_references(action), texts, [block_words(t) for t in texts])
     return RewriteEvidence(call, n, len(kept), len(recent), kept_tokens,
                            retained_fraction(near, kept), retained_fraction(near, recent),
                            retained_fraction(named, kept) if named else None,

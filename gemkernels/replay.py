@@ -32,7 +32,7 @@ from .blocks import Block, parse_history
 from .encoders import ENCODER_HELP, Encoder, make_encoder
 from .evidence import block_features
 from .loaders import Run, load_runs
-from .metrics import METRICS, Targets, argument_strings, block_words, referenced_blocks, references
+from .metrics import METRICS, Targets, action_references, block_words, referenced_blocks
 from .representation import MAX_CHARS, block_text
 from .selectors import LABELS, SELECTORS, View, natural_budget
 
@@ -160,7 +160,7 @@ def replay_run(job: RunJob, plan: Plan) -> tuple[str, list[Row]]:
     rows: list[Row] = []
     for c, t in enumerate(job.checkpoints):
         goal = job.goals[c] if np.isfinite(job.goals[c]).all() else None
-        refs = references("\n".join(s for a in job.blocks[t].actions for s in argument_strings(a.arguments)))
+        refs = action_references(job.blocks[t])
         x = job.embeddings[:t]
         targets = Targets.build(x, job.actions[c], final, goal, referenced_blocks(refs, texts[:t], words[:t]))
         view = View(x, features[:t], goal, seed=(plan.seed, zlib.crc32(job.name.encode()), t))
