@@ -18,6 +18,7 @@ import inspect
 from typing import Any
 
 from .gem import GEM
+from .sessions import request_session
 
 #: The attribute paths whose ``create`` takes ``messages``.
 CREATE_PATHS = (("chat", "completions"), ("messages",))
@@ -51,9 +52,7 @@ class _View:
         messages = kwargs.get("messages")
         if not isinstance(messages, list):
             return kwargs
-        metadata = kwargs.get("metadata")
-        session = (self._session_id or (kwargs.get("user") if isinstance(kwargs.get("user"), str) else None)
-                   or (metadata.get("user_id") if isinstance(metadata, dict) else None))
+        session = self._session_id or request_session(kwargs)
         return {**kwargs, "messages": self._gem.compress(messages, session_id=session).messages}
 
     def _compressing(self, create: Any) -> Any:

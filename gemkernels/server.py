@@ -50,7 +50,7 @@ from .config import OVERRIDE_HELP, PRESETS, with_overrides
 from .encoders import ENCODER_HELP, make_encoder
 from .evidence import json_object
 from .gem import GEM, PASSTHROUGH, Compressed
-from .sessions import SessionStore
+from .sessions import SessionStore, request_session
 
 logger = logging.getLogger("gemkernels.server")
 
@@ -193,14 +193,7 @@ class Compressor:
 
 def session_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
     """``X-GEM-Session``, else the body's ``user``, else ``metadata.user_id``, else None (prefix hash)."""
-    if headers.get(SESSION_HEADER):
-        return headers[SESSION_HEADER]
-    if isinstance(body.get("user"), str) and body["user"]:
-        return body["user"]
-    metadata = body.get("metadata")
-    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str) and metadata["user_id"]:
-        return metadata["user_id"]
-    return None
+    return headers.get(SESSION_HEADER) or request_session(body)
 
 
 def upstream_url(base: str, path: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,3 +54,13 @@ class SessionStore:
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
+
+
+def request_session(body: Mapping[str, Any]) -> str | None:
+    """The session a chat request names: its ``user``, else ``metadata.user_id`` (non-empty strings only), else None."""
+    if isinstance(body.get("user"), str) and body["user"]:
+        return body["user"]
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str) and metadata["user_id"]:
+        return metadata["user_id"]
+    return None

@@ -26,7 +26,7 @@ from gemkernels.batching import BatchingEncoder, MicroBatcher, QueueFullError, S
 from gemkernels.blocks import parse_history  # noqa: E402
 from gemkernels.client_wrap import wrap  # noqa: E402
 from gemkernels.encoders import make_encoder  # noqa: E402
-from gemkernels.server import ServerConfig, create_app, session_of, upstream_url  # noqa: E402
+from gemkernels.server import SESSION_HEADER, ServerConfig, create_app, session_of, upstream_url  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
 MESSAGES = json.loads(EXAMPLE.read_text())["messages"]
@@ -320,3 +320,28 @@ def test_serve_refuses_a_bad_override_before_starting(capsys):
     assert main(["serve", "--upstream", "http://127.0.0.1:9", "--set", "k=abc"]) == 2
     assert "k=abc" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("body, session", [
+    ({"user": "u1", "metadata": {"user_id": "m1"}}, "u1"),
+    ({"user": "", "metadata": {"user_id": "m1"}}, "m1"),
+    ({"user": 7, "metadata": {"user_id": 123}}, None),  # only non-empty strings name a session
+    ({"metadata": "m1"}, None),
+])
+def test_the_proxy_and_the_client_wrapper_read_the_same_session(body, session):
+    assert session_of({}, body) == session
+    assert session_of({SESSION_HEADER: "h"}, body) == "h"
+    seen = []
+
+    class Recorder:
+        def compress(self, messages, session_id=None):
+            seen.append(session_id)
+            return type("C", (), {"messages": messages})()
+
+    class Completions:
+        def create(self, **kwargs):
+            return kwargs
+
+    client = type("Client", (), {"chat": type("Chat", (), {"completions": Completions()})()})()
+    wrap(client, gem=Recorder()).chat.completions.create(model="m", messages=MESSAGES, **body)
+    assert seen == [session]
