@@ -51,9 +51,12 @@ def test_feature_shift_keeps_each_column_multiset_and_breaks_alignment():
     assert real < control
 
 
-def test_gaussian_control_has_the_shape():
-    x = np.ones((5, 7))
-    assert analysis.gaussian_like(x, np.random.default_rng(0)).shape == (5, 7)
+def test_gaussian_control_is_standard_normal_of_the_shape():
+    x = np.ones((400, 500))
+    g = analysis.gaussian_like(x, np.random.default_rng(0))
+    assert g.shape == x.shape and abs(g.mean()) < 0.01 and abs(g.std() - 1) < 0.01
+    assert np.array_equal(g, analysis.gaussian_like(x, np.random.default_rng(0)))  # the seed fixes it
+    assert not np.array_equal(g, analysis.gaussian_like(x, np.random.default_rng(1)))
 
 
 def test_spectral_comparison_is_deterministic_for_a_seed():

@@ -159,9 +159,19 @@ def _tool_use_without_id(h):
     del h[1]["content"][2]["id"]
 
 
+def _result_without_id_in_a_parallel_answer(h):
+    del h[4]["content"][0]["tool_use_id"]
+
+
+def _result_with_an_int_id_in_a_parallel_answer(h):
+    h[4]["content"][0]["tool_use_id"] = 7
+
+
 @pytest.mark.parametrize("mutate", [_dup_within, _dup_across, _missing_result, _no_answer_at_all, _tool_use_is_last,
                                     _orphan_result_first, _orphan_result_after_plain_turn, _split_answers, _wrong_id,
-                                    _answer_from_assistant, _tool_use_without_id])
+                                    _answer_from_assistant, _tool_use_without_id,
+                                    _result_without_id_in_a_parallel_answer,
+                                    _result_with_an_int_id_in_a_parallel_answer])
 def test_invalid_structure_raises_and_compress_passes_through(mutate):
     h = small_history()
     mutate(h)
@@ -170,23 +180,6 @@ def test_invalid_structure_raises_and_compress_passes_through(mutate):
     before = copy.deepcopy(h)
     result = GEM("core", encoder=HashEncoder(32), token_counter=None).compress(h)
     assert result.messages is h and h == before and result.stats.action == "passthrough"
-
-
-@pytest.mark.parametrize("bad_id", [None, 7], ids=["missing", "int"])
-def test_tool_result_with_bad_tool_use_id_is_a_structure_error(bad_id):
-    """A tool_result whose tool_use_id is missing (or not a string) answering a parallel tool_use message.
-
-    Library bug: anthropic_spans sorts the answered ids, and sorting [None, 'tu_2'] raises TypeError,
-    which escapes parse_history (not a BlockStructureError) and GEM.compress (which must never raise)."""
-    h = small_history()
-    if bad_id is None:
-        del h[4]["content"][0]["tool_use_id"]
-    else:
-        h[4]["content"][0]["tool_use_id"] = bad_id
-    with pytest.raises(BlockStructureError):
-        parse_history(h)
-    result = GEM("core", encoder=HashEncoder(32), token_counter=None).compress(h)
-    assert result.messages is h and result.stats.action == "passthrough"
 
 
 # ----------------------------------------------------------------------------- GEM.compress

@@ -408,12 +408,15 @@ def test_features_never_raise_on_odd_commands(command, output):
     for block in (mini(command, output), Block((0, 1), ("c",), "", "", (Action("x", command),), (output,))):
         features = block_features(block)
         assert isinstance(features.edited_paths, tuple) and isinstance(features.is_error, bool)
+        assert all(isinstance(p, str) and p.strip() for p in features.edited_paths + features.sources)
+        assert len(set(features.edited_paths)) == len(features.edited_paths)  # each path once
 
 
 @pytest.mark.parametrize("arguments", ["", "null", "[1, 2]", "{\"command\": 5}", "{\"path\": null}", "{not json"])
 def test_features_tolerate_odd_arguments(arguments):
     for name in ("bash", "str_replace_editor", "apply_patch", "read_file", "anything"):
-        block_features(Block((0, 1), ("c",), "", "", (Action(name, arguments),), ("",)))
+        features = block_features(Block((0, 1), ("c",), "", "", (Action(name, arguments),), ("",)))
+        assert features.edited_paths == () and not features.is_error  # no usable path, empty output
 
 
 def test_features_are_hashable_values():

@@ -116,32 +116,41 @@ def fast_thread_switching():
     sys.setswitchinterval(old)
 
 
-def test_thread_safety_many_sessions(fast_thread_switching):
-    store = SessionStore(max_sessions=50)
-    errors = []
-    barrier = threading.Barrier(16)
+def run_threads(worker, count: int) -> list[BaseException]:
+    """Run ``worker(t)`` in ``count`` threads released together; the exceptions they raised."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
 
-    def worker(t):
+    def guarded(t):
         try:
             barrier.wait()
-            rng = random.Random(t)
-            for _ in range(2000):
-                key = f"s{rng.randrange(200)}"
-                if rng.random() < 0.5:
-                    store.put(key, state(key))
-                else:
-                    got = store.get(key)
-                    assert got is None or got.block_keys == (key,)
-                assert len(store) <= 50
-        except BaseException as err:  # noqa: BLE001 -- reported below
+            worker(t)
+        except BaseException as err:  # noqa: BLE001 -- reported by the caller
             errors.append(err)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(16)]
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert not errors
+    return errors
+
+
+def test_thread_safety_many_sessions(fast_thread_switching):
+    store = SessionStore(max_sessions=50)
+
+    def worker(t):
+        rng = random.Random(t)
+        for _ in range(2000):
+            key = f"s{rng.randrange(200)}"
+            if rng.random() < 0.5:
+                store.put(key, state(key))
+            else:
+                got = store.get(key)
+                assert got is None or got.block_keys == (key,)
+            assert len(store) <= 50
+
+    assert not run_threads(worker, 16)
     assert 0 < len(store) <= 50
 
 
@@ -155,22 +164,19 @@ def test_thread_safety_same_session_with_expiry(fast_thread_switching):
             return ticks[0]
 
     store = SessionStore(max_sessions=4, ttl_s=0.05, clock=clock)
-    errors = []
 
     def worker(t):
-        try:
-            for i in range(1500):
-                key = f"k{i % 6}"
-                store.put(key, state(key)) if (i + t) % 3 else store.get(key)
-        except BaseException as err:  # noqa: BLE001
-            errors.append(err)
+        for i in range(1500):
+            key = f"k{i % 6}"
+            if (i + t) % 3:
+                store.put(key, state(key))
+            else:
+                got = store.get(key)
+                assert got is None or got.block_keys == (key,)  # never another session's state
+            assert len(store) <= 4
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors and len(store) <= 4
+    assert not run_threads(worker, 12)
+    assert len(store) <= 4
 
 
 @pytest.mark.parametrize("kwargs", [{"max_sessions": 0}, {"max_sessions": -5}, {"ttl_s": 0}, {"ttl_s": -1.0}])
@@ -228,17 +234,6 @@ def test_bad_delta_raises(delta):
         guarded_removals([1, 2], [0, 1], 3, delta)
 
 
-def reference_guard(sizes, removable, total, delta):
-    floor = (1.0 - delta) * total
-    kept, dropped = total, []
-    order = sorted(set(removable), key=lambda b: (-sizes[b], b))
-    for b in order:
-        if kept - sizes[b] >= floor:
-            kept -= sizes[b]
-            dropped.append(b)
-    return sorted(dropped)
-
-
 @settings(max_examples=300, deadline=None)
 @given(sizes=st.lists(st.integers(1, 10_000), min_size=1, max_size=40),
        other=st.integers(0, 50_000), delta=st.floats(0, 1), data=st.data())
@@ -253,11 +248,6 @@ def test_guard_properties(sizes, other, delta, data):
     assert kept >= floor  # never below (1 - delta) of the request
     for b in set(removable) - set(dropped):
         assert kept - sizes[b] < floor  # greedy is maximal: every refused block would still break the floor
-    if delta == 0:
-        assert dropped == []
-    if delta == 1:
-        assert set(dropped) == set(removable)
-    assert dropped == reference_guard(sizes, removable, total, delta)
 
 
 # ----------------------------------------------------------------------------- GEMConfig / resolve_config
