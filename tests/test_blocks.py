@@ -2,14 +2,13 @@
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
 from gemkernels.blocks import BlockStructureError, parse_history
 from gemkernels.representation import MAX_CHARS, block_text, truncate_middle
+from helpers import EXAMPLE
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
 
 
 def call(call_id, name="bash", args='{"command": "ls"}'):

@@ -1,9 +1,7 @@
 """Budgeted, append-mostly forwarding: amortized forgetting by recency, and GEM's cache-aware preset."""
 
 import json
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,9 +14,9 @@ from gemkernels.encoders import CachedEncoder, HashEncoder
 from gemkernels.evidence import EvidenceConfig
 from gemkernels.gem import could_repay, renewal_gap, repay_reason
 from gemkernels.online_policies import AmortizedForgetting
+from helpers import TRAJECTORIES
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gem import synthetic_history  # noqa: E402
+from test_gem import synthetic_history
 
 
 def steps(messages):
@@ -202,7 +200,7 @@ def test_keep_recent_size_keeps_at_most_the_newest_k_blocks_tokens_beyond_protec
 
 # --------------------------------------------------------------------------- every development run
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
+DATA = TRAJECTORIES
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason=f"development runs not found at {DATA}")

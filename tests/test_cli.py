@@ -1,13 +1,11 @@
 """``gem compress`` end to end on the bundled example and recorded runs (hash encoder: fast, deterministic)."""
 
 import json
-from pathlib import Path
 
 from gemkernels.blocks import parse_history
 from gemkernels.cli import main
+from helpers import EXAMPLE, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "django-11276.json"
 FIXTURES = ROOT / "tests" / "fixtures"
 
 

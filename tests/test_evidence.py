@@ -8,7 +8,6 @@ when they are present.
 import copy
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +19,9 @@ from gemkernels.evidence import (
     RULES, BlockFeatures, EvidenceConfig, block_features, error_blocks, goal_blocks, initial_blocks, protect,
     recent_blocks, source_blocks, state_blocks,
 )
+from helpers import TRAJECTORIES
 
-TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "trajectories" / "mini-swe-agent"
+MINI_SWE_AGENT = TRAJECTORIES / "mini-swe-agent"
 
 
 def mini(command, output="", returncode=0):
@@ -426,13 +426,13 @@ def test_features_are_hashable_values():
         a.is_error = True
 
 
-@pytest.mark.skipif(not TRAJECTORIES.is_dir(), reason="development trajectories not present")
+@pytest.mark.skipif(not MINI_SWE_AGENT.is_dir(), reason="development trajectories not present")
 def test_real_mini_swe_agent_runs():
     """Every sed -i/heredoc write that ran is an edit, every non-zero exit (but grep's 1) is an error, reads are
     sources."""
     fence = re.compile(r"```bash\s*\n(.*?)\n```", re.S)
     counts = {"blocks": 0, "edit": 0, "error": 0, "source": 0}
-    for path in sorted(TRAJECTORIES.glob("*.json")):
+    for path in sorted(MINI_SWE_AGENT.glob("*.json")):
         messages = json.loads(path.read_text())["messages"]
         for m, reply in zip(messages, messages[1:]):
             commands = fence.findall(m["content"]) if m["role"] == "assistant" else []

@@ -2,7 +2,6 @@
 
 import copy
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +9,8 @@ import pytest
 from gemkernels import GEM, GEMConfig
 from gemkernels.blocks import parse_history
 from gemkernels.encoders import HashEncoder
+from helpers import EXAMPLE
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
 TOPICS = ["models.py migration", "views.py template render", "urls.py routing", "tests failing assertion",
           "settings database config", "forms.py validation", "admin.py registration", "docs build sphinx"]
 

@@ -7,7 +7,6 @@ appends. Every step is checked; the module skips when the data folder is absent.
 """
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +14,9 @@ from gemkernels import GEM
 from gemkernels.blocks import parse_history
 from gemkernels.encoders import CachedEncoder, HashEncoder
 from gemkernels.loaders import checkpoints, load_runs
+from helpers import TRAJECTORIES
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
+DATA = TRAJECTORIES
 if not DATA.is_dir():
     pytest.skip(f"development runs not found at {DATA}", allow_module_level=True)
 

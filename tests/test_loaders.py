@@ -13,9 +13,10 @@ import pytest
 
 from gemkernels.blocks import BlockStructureError, parse_history
 from gemkernels.loaders import BASH_BLOCK, Run, checkpoints, load_run, load_runs, read_runs
+from helpers import TRAJECTORIES, call_ids
 
 FIXTURES = Path(__file__).parent / "fixtures"
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
+REAL = TRAJECTORIES
 
 # file -> (format, runs in it, blocks per run)
 EXPECTED = {
@@ -32,10 +33,6 @@ EXPECTED = {
 
 def raw(name):
     return json.loads((FIXTURES / name).read_text())
-
-
-def call_ids(messages):
-    return [call["id"] for m in messages for call in m.get("tool_calls") or []]
 
 
 def assert_well_formed(messages):

@@ -17,6 +17,7 @@ from gemkernels.loaders import Run, checkpoints
 from gemkernels.online_policies import POLICIES, GEMPolicy, Masking, PolicyOptions, Window, policy_builder
 from gemkernels.online_replay import (RewriteEvidence, add_parser, evidence_markdown, evidence_means, markdown,
                                       pooled, relative, replay_run, replay_runs, report, run)
+from helpers import call_ids
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 OPTIONS = PolicyOptions(window=1, mask_after=1, encoder="hash")
@@ -73,10 +74,6 @@ def synthetic(num_blocks: int, plain_turn_at: int | None = None) -> list[dict]:
             messages.append({"role": "user", "content": "Also keep the docs in sync."})
         messages += block(b, f"output {b}: " + " ".join(f"w{(b * 7 + i) % 50}" for i in range(40)))
     return messages
-
-
-def call_ids(messages: list[dict]) -> list[str]:
-    return [call["id"] for m in messages for call in m.get("tool_calls") or []]
 
 
 def test_window_keeps_the_prefix_plain_turns_and_the_last_k_blocks():

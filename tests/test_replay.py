@@ -12,18 +12,9 @@ from gemkernels.encoders import HashEncoder
 from gemkernels.loaders import load_runs
 from gemkernels.replay import EmbeddingCache, Plan, action_text, add_parser, prepare, replay
 from gemkernels.representation import block_text
+from helpers import CountingEncoder
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-class CountingEncoder(HashEncoder):
-    def __init__(self):
-        super().__init__(32)
-        self.seen = []
-
-    def encode(self, texts):
-        self.seen.extend(texts)
-        return super().encode(texts)
 
 
 def test_cache_encodes_each_text_once_across_instances(tmp_path):

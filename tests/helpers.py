@@ -1,0 +1,29 @@
+"""What several test modules share: the bundled example, the development runs, small test doubles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gemkernels.encoders import HashEncoder
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "django-11276.json"
+#: The development runs beside the project (``../shared``); tests that need them skip without them.
+TRAJECTORIES = ROOT.parent / "shared" / "data" / "trajectories"
+
+
+def call_ids(messages: list[dict]) -> list[str]:
+    """The ids of every OpenAI tool call, in order."""
+    return [call["id"] for m in messages for call in m.get("tool_calls") or []]
+
+
+class CountingEncoder(HashEncoder):
+    """A hash encoder that records every text it is asked to embed."""
+
+    def __init__(self, dim: int = 32):
+        super().__init__(dim)
+        self.seen: list[str] = []
+
+    def encode(self, texts):
+        self.seen.extend(texts)
+        return super().encode(texts)
