@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -81,12 +82,13 @@ class Compressed:
 
 
 def default_token_counter() -> Callable[[str], int] | None:
-    """o200k token counts through ``bpe-openai`` (offline) when installed, else None."""
+    """o200k token counts through ``bpe-openai`` (offline) when installed, else None. The last 1,024 texts are
+    remembered: the system prompt and task are counted again on every request of a session otherwise."""
     try:
         encode = o200k_encode()
     except ImportError:
         return None
-    return lambda text: len(encode(text))
+    return lru_cache(maxsize=1024)(lambda text: len(encode(text)))
 
 
 class GEM:

@@ -231,3 +231,14 @@ def test_the_block_cache_holds_only_the_blocks_of_the_last_request():
     result = gem.compress(elided, session_id="m")
     cache = gem.store.get("m").block_cache
     assert result.stats.encoded_blocks == 1 and len(cache) == 20
+
+
+def test_the_default_token_counter_counts_a_repeated_prefix_once():
+    pytest.importorskip("bpe_openai")
+    gem = GEM("paper", encoder=HashEncoder(64))
+    messages = synthetic_history(20, seed=3)
+    messages[0] = {**messages[0], "content": "You are a coding agent. " * 500}  # a long system prompt
+    for _ in range(3):
+        gem.compress([dict(m) for m in messages], session_id="t")
+    info = gem.count_tokens.cache_info()
+    assert info.hits >= 2 * 2 and info.misses == 20 * 2 + 2  # system and task once; each block's two messages once
