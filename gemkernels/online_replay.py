@@ -125,8 +125,7 @@ def replay_run(run: Run, policies: Sequence[str], options: PolicyOptions,
     ``encoder`` maps an encoder name to the encoder GEM policies and the evidence metrics use; ``encode`` is the
     tokenizer (default o200k); the policies in ``evidence`` (those replayed) get `RewriteEvidence` at each rewrite.
     """
-    check_policies(policies)
-    live = {name: policy_builder(name)(run, options, encoder) for name in policies}
+    live = {name: policy_builder(name)(run, options, encoder) for name in policies}  # ValueError naming a bad one
     tokens = TokenCache(encode)
     previous: dict[str, list[tuple[int, ...]] | None] = dict.fromkeys(policies)
     calls: dict[str, list[CallCost]] = {name: [] for name in policies}
