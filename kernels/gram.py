@@ -1,7 +1,9 @@
 """Per-session Gram matrices ``G_s = X_hat_s X_hat_s^T`` of a ragged batch, in one launch.
 
-A host-side plan lists every (session, row tile, column tile) so the grid has no idle
-programs however different the sessions' lengths are (FlashInfer's plan/run split).
+A host-side plan lists every (session, row tile, column tile) on or above the diagonal, so the
+grid has no idle programs however different the sessions' lengths are (FlashInfer's plan/run
+split); a program stores its tile and, off the diagonal, its transpose: about half the
+tensor-core work of the full product, and G_s exactly symmetric.
 ``G_s`` is stored row-major at ``gram_offsets[s] = sum_{s' < s} n_{s'}^2``, fp32; the dot
 products run on tensor cores for fp16/bf16 input and in full fp32 ("ieee") for fp32.
 """
@@ -15,8 +17,11 @@ import triton.language as tl
 @triton.jit
 def gram_kernel(x_ptr, inv_norm_ptr, offsets_ptr, gram_offsets_ptr, tile_session_ptr, tile_row_ptr, tile_col_ptr,
                 gram_ptr, d, stride_x,
-                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Program ``i`` writes one BLOCK_M x BLOCK_M tile of one session's Gram matrix."""
+                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Program ``i`` writes one BLOCK_M x BLOCK_M tile of one session's Gram matrix and its mirror image.
+
+    Rows past the session wrap around (``% n``, as in Triton's matmul tutorial) instead of being masked, so
+    the loads are unmasked when ``EVEN_K`` (BLOCK_K divides d); the stores drop the wrapped rows."""
     pid = tl.program_id(0)
     s = tl.load(tile_session_ptr + pid)
     start = tl.load(offsets_ptr + s).to(tl.int32)
@@ -24,31 +29,45 @@ def gram_kernel(x_ptr, inv_norm_ptr, offsets_ptr, gram_offsets_ptr, tile_session
     rows = tl.load(tile_row_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.load(tile_col_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
     ks = tl.arange(0, BLOCK_K)
-    row_ptr = x_ptr + (start + rows).to(tl.int64)[:, None] * stride_x
-    col_ptr = x_ptr + (start + cols).to(tl.int64)[:, None] * stride_x
+    x_ptr += start.to(tl.int64) * stride_x  # the session's rows; offsets inside it fit int32 (n d < 2^31)
+    a_ptr = x_ptr + (rows % n)[:, None] * stride_x + ks[None, :]  # BLOCK_M x BLOCK_K
+    b_ptr = x_ptr + (cols % n)[None, :] * stride_x + ks[:, None]  # BLOCK_K x BLOCK_M: X^T's tile
     acc = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
     for k0 in range(0, d, BLOCK_K):
-        km = k0 + ks < d
-        a = tl.load(row_ptr + k0 + ks[None, :], mask=(rows < n)[:, None] & km[None, :], other=0.0)
-        b = tl.load(col_ptr + k0 + ks[None, :], mask=(cols < n)[:, None] & km[None, :], other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc, input_precision=INPUT_PRECISION)
+        if EVEN_K:
+            a = tl.load(a_ptr)
+            b = tl.load(b_ptr)
+        else:
+            a = tl.load(a_ptr, mask=(k0 + ks < d)[None, :], other=0.0)
+            b = tl.load(b_ptr, mask=(k0 + ks < d)[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptr += BLOCK_K
+        b_ptr += BLOCK_K
     scale_r = tl.load(inv_norm_ptr + start + rows, mask=rows < n, other=0.0)
     scale_c = tl.load(inv_norm_ptr + start + cols, mask=cols < n, other=0.0)
     acc = acc * scale_r[:, None] * scale_c[None, :]
-    out = gram_ptr + tl.load(gram_offsets_ptr + s) + rows.to(tl.int64)[:, None] * n + cols[None, :]
-    tl.store(out, acc, mask=(rows < n)[:, None] & (cols < n)[None, :])
+    # G[i, j] for j >= i from this tile, and the same value at G[j, i] for j > i: the tiles above the diagonal
+    # are stored twice, a diagonal tile's lower half is its upper half mirrored (exactly symmetric)
+    gram_ptr += tl.load(gram_offsets_ptr + s)
+    inside = (rows < n)[:, None] & (cols < n)[None, :]
+    tl.store(gram_ptr + rows[:, None] * n + cols[None, :], acc, mask=inside & (cols[None, :] >= rows[:, None]))
+    tl.store(gram_ptr + cols[None, :] * n + rows[:, None], acc, mask=inside & (cols[None, :] > rows[:, None]))
 
 
 def gram_plan(lengths: np.ndarray, block_m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Host plan: (gram_offsets (S,) int64, tile_session, tile_row, tile_col (T,) int32) for a batch."""
+    """Host plan: (gram_offsets (S,) int64, tile_session, tile_row, tile_col (T,) int32) for a batch, with
+    tile_row <= tile_col: the tiles on and above each session's diagonal."""
     lengths = np.asarray(lengths, dtype=np.int64)
     gram_offsets = np.concatenate([[0], np.cumsum(lengths * lengths)[:-1]]).astype(np.int64)
     tiles = -(-lengths // block_m)
-    tile_session = np.repeat(np.arange(len(lengths), dtype=np.int32), tiles * tiles)
-    first = np.concatenate([[0], np.cumsum(tiles * tiles)[:-1]])
-    local = np.arange(len(tile_session)) - first[tile_session]
-    per_row = tiles[tile_session]
-    return gram_offsets, tile_session, (local // per_row).astype(np.int32), (local % per_row).astype(np.int32)
+    pair_row, pair_col = np.triu_indices(int(tiles.max(initial=0)))  # row-major, row <= col
+    per_session = tiles * (tiles + 1) // 2
+    tile_session = np.repeat(np.arange(len(lengths), dtype=np.int32), per_session)
+    # the first t(t+1)/2 pairs of triu_indices(T) are not triu_indices(t): pick each session's own pairs
+    keep = pair_col[None, :] < tiles[:, None]  # (S, pairs): col < t, hence row < t
+    tile_row = np.broadcast_to(pair_row, keep.shape)[keep]
+    tile_col = np.broadcast_to(pair_col, keep.shape)[keep]
+    return gram_offsets, tile_session, tile_row.astype(np.int32), tile_col.astype(np.int32)
 
 
 def ragged_gram(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, lengths: np.ndarray,
@@ -62,6 +81,7 @@ def ragged_gram(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, 
     gram_kernel[(len(tile_session),)](
         x, inv_norm, offsets, gram_offsets_t, torch.as_tensor(tile_session, device=device),
         torch.as_tensor(tile_row, device=device), torch.as_tensor(tile_col, device=device), gram,
-        x.shape[1], x.stride(0), BLOCK_M=block_m, BLOCK_K=block_k, INPUT_PRECISION=precision,
+        x.shape[1], x.stride(0), BLOCK_M=block_m, BLOCK_K=block_k, EVEN_K=x.shape[1] % block_k == 0,
+        INPUT_PRECISION=precision,
     )
     return gram, gram_offsets_t

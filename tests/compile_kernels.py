@@ -2,10 +2,14 @@
 
 Run without TRITON_INTERPRET; prints one line per kernel variant and exits non-zero on the first failure.
 Usage: python tests/compile_kernels.py [ARCH ...]   (default: 80 90)
+Each line ends with ptxas's register count and spilled bytes (stores) for the kernel.
 """
 
+import contextlib
+import io
 import itertools
 import os
+import re
 import sys
 
 import triton
@@ -14,6 +18,7 @@ from triton.compiler import ASTSource
 
 from gemkernels.kernels.gram import gram_kernel
 from gemkernels.kernels.greedy_fused import greedy_fused_kernel
+from gemkernels.kernels.greedy_resident import greedy_resident_kernel, resident_blocks, resident_fits
 from gemkernels.kernels.greedy_stepwise import pivot_direction_kernel, residual_update_kernel
 
 INTS = {"i32": ("d", "stride_x", "total_rows", "width", "n"), "fp32": ("eps",)}
@@ -40,23 +45,45 @@ def source(fn, x_dtype: str, constexprs: dict) -> ASTSource:
                      constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
 
 
+#: Sessions (rows, steps) for the register-resident greedy: the headline, the largest tiles it takes, the least.
+RESIDENT_SHAPES = ((256, 16), (256, 32), (1024, 16), (512, 32), (256, 64), (16, 16))
+
+
 def variants():
+    """(name, kernel, x pointer type, constexprs, num_warps) at the tiles the triton backend launches."""
     for x_dtype in ("*fp32", "*fp16", "*bf16"):
         for from_gram in (False, True):
-            yield "greedy_fused", greedy_fused_kernel, x_dtype, dict(FROM_GRAM=from_gram, BLOCK_N=128, BLOCK_D=64)
+            yield "greedy_fused", greedy_fused_kernel, x_dtype, dict(FROM_GRAM=from_gram, BLOCK_N=128, BLOCK_D=16), 4
+            for n_max, width in RESIDENT_SHAPES:
+                if not resident_fits(n_max, width, from_gram):
+                    continue
+                block_n, block_w, block_d, num_warps = resident_blocks(n_max, width)
+                yield "greedy_resident", greedy_resident_kernel, x_dtype, dict(
+                    FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d), num_warps
         precision = "ieee" if x_dtype == "*fp32" else "tf32"
-        yield "gram", gram_kernel, x_dtype, dict(BLOCK_M=64, BLOCK_K=32, INPUT_PRECISION=precision)
-        yield "pivot_direction", pivot_direction_kernel, x_dtype, dict(BLOCK_N=128, BLOCK_D=64)
-        yield "residual_update", residual_update_kernel, x_dtype, dict(BLOCK_N=128, BLOCK_D=64)
+        for even_k in (True, False):
+            yield "gram", gram_kernel, x_dtype, dict(BLOCK_M=64, BLOCK_K=32, EVEN_K=even_k,
+                                                    INPUT_PRECISION=precision), 4
+        yield "pivot_direction", pivot_direction_kernel, x_dtype, dict(BLOCK_N=128, BLOCK_D=16), 4
+        yield "residual_update", residual_update_kernel, x_dtype, dict(BLOCK_N=128, BLOCK_D=16), 4
 
 
 def main(archs: list[int]) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter cannot compile kernels", file=sys.stderr)
         return 2
-    for arch, (name, fn, x_dtype, constexprs) in itertools.product(archs, variants()):
-        kernel = triton.compile(source(fn, x_dtype, constexprs), target=GPUTarget("cuda", arch, 32))
-        print(f"sm_{arch} {name} x={x_dtype} {constexprs}: {len(kernel.asm['cubin'])} bytes of cubin")
+    triton.knobs.nvidia.dump_ptxas_log = True
+    triton.knobs.compilation.always_compile = True  # a cached kernel would bring no ptxas log
+    for arch, (name, fn, x_dtype, constexprs, num_warps) in itertools.product(archs, variants()):
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            kernel = triton.compile(source(fn, x_dtype, constexprs), target=GPUTarget("cuda", arch, 32),
+                                    options={"num_warps": num_warps})
+        registers = re.search(r"Used (\d+) registers", log.getvalue())
+        spills = re.search(r"(\d+) bytes spill stores", log.getvalue())
+        print(f"sm_{arch} {name} x={x_dtype} {constexprs} warps={num_warps}: "
+              f"{len(kernel.asm['cubin'])} bytes of cubin, {registers and registers[1]} registers, "
+              f"{spills[1] if spills else 0} bytes spilled")
     return 0
 
 

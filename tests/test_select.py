@@ -264,16 +264,23 @@ def test_ties_go_to_lowest_index(backend):
     assert sel.stop == expected_stop(5, 6, sel.coverage, 1.0)
 
 
-@pytest.mark.parametrize("path", ["gram", "fused", "stepwise"])
-def test_triton_paths_match_reference(path, monkeypatch):
-    """Every Triton path, forced, with tiles small enough that the shapes cross tile edges."""
+@pytest.mark.parametrize("path,resident", [("gram", True), ("gram", False), ("fused", True), ("fused", False),
+                                           ("stepwise", False)])
+def test_triton_paths_match_reference(path, resident, monkeypatch):
+    """Every Triton path, forced, with tiles small enough that the shapes cross tile edges; gram and fused
+    with the greedy state in registers (``greedy_resident``) and in global memory (``greedy_fused``)."""
     for mark in backend_marks("triton"):
         pytest.skip(mark.kwargs["reason"])
     from gemkernels.backends import triton_backend
+    from gemkernels.kernels import greedy_fused, greedy_resident
 
     assert path in triton_backend.PATHS
     monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(
-        path=path, block_n=16, block_d=16, block_m=16, block_k=16))
+        path=path, resident=resident, block_n=16, block_d=16, block_m=16, block_k=16))
+    launched = []  # which greedy kernel ran: the option must reach it
+    for module, name in ((greedy_fused, "greedy_fused"), (greedy_resident, "greedy_resident")):
+        kernel = getattr(module, f"{name}_kernel")
+        monkeypatch.setattr(module, f"{name}_kernel", LaunchSpy(kernel, name, launched))
     rng = np.random.default_rng(17)
     ns, d = ([1, 40, 3, 17, 64], 24) if INTERPRETED else ([1, 700, 3, 257, 64, 1500], 100)
     for dtype in ("float32", "float16"):
@@ -291,6 +298,19 @@ def test_triton_paths_match_reference(path, monkeypatch):
             ref = reference_for(x, ps[s], es[s], float(taus[s]), int(ks[s]))
             c = ref.comparable
             assert sel_idx(a)[:c] == sel_idx(b)[:c], f"{path} session {s}"
+    expected = {"stepwise": set(), "gram": {"greedy_resident" if resident else "greedy_fused"}}
+    assert set(launched) == expected.get(path, expected["gram"])
+
+
+class LaunchSpy:
+    """Stands in for a Triton kernel: records ``name`` on each launch, then launches the kernel."""
+
+    def __init__(self, kernel, name: str, log: list):
+        self.kernel, self.name, self.log = kernel, name, log
+
+    def __getitem__(self, grid):
+        self.log.append(self.name)
+        return self.kernel[grid]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -3,7 +3,8 @@
 Three paths give the same answers; `choose_path` picks one per batch by shape:
 ``gram`` (one tensor-core GEMM per session, then the greedy on G: n small against d),
 ``fused`` (the whole greedy in one launch, a pass over X per direction) and ``stepwise``
-(two launches per step, parallel over row tiles: few, very long sessions).
+(two launches per step, parallel over row tiles: few, very long sessions). ``gram`` and
+``fused`` keep a short session's greedy state in registers (``greedy_resident``) when it fits.
 Inputs of any float dtype are read as stored and accumulated in fp32; float64 is read as fp32.
 """
 
@@ -30,11 +31,13 @@ STEPWISE_MIN_ROWS = 8192
 
 @dataclass(frozen=True)
 class TritonOptions:
-    """Path (None: `choose_path`) and tile sizes; tests shrink the tiles to cross chunk edges."""
+    """Path (None: `choose_path`), register-resident greedy state when it fits (gram and fused paths), and tile
+    sizes; tests shrink the tiles to cross chunk edges."""
 
     path: str | None = None
+    resident: bool = True
     block_n: int = 128
-    block_d: int = 64
+    block_d: int = 16
     block_m: int = 64
     block_k: int = 32
 
@@ -66,6 +69,7 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
                   capacity: np.ndarray, eps: float) -> PackedSelection:
     """Prepare the packed inputs the kernels share, run the chosen path, return packed results."""
     from ..kernels.greedy_fused import greedy_fused
+    from ..kernels.greedy_resident import greedy_resident, resident_fits
     from ..kernels.greedy_stepwise import greedy_stepwise
     from ..kernels.gram import ragged_gram
 
@@ -102,6 +106,11 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
         if path == "gram":
             gram, gram_offsets = ragged_gram(x, inv_norm, offsets, batch.lengths, block_m=options.block_m,
                                               block_k=options.block_k)
-        out = greedy_fused(x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t,
-                           gram=gram, gram_offsets=gram_offsets, **common)
+        n_max = int(batch.lengths.max())
+        args = (x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t)
+        if options.resident and resident_fits(n_max, width, from_gram=gram is not None):
+            out = greedy_resident(*args, eps=eps, width=width, n_max=n_max, gram=gram, gram_offsets=gram_offsets,
+                                  max_block_d=options.block_d)
+        else:
+            out = greedy_fused(*args, gram=gram, gram_offsets=gram_offsets, **common)
     return PackedSelection(*out)

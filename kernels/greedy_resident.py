@@ -1,0 +1,144 @@
+"""The whole greedy of a short session with its state in registers (one program per session).
+
+Same pivoted partial Cholesky as ``greedy_fused``, but the residuals, candidate flags and the
+projections ``C`` (``BLOCK_W x BLOCK_N``, one row per direction) never leave the program: a
+step reads only the pivot's Gram row (one row of G, or a pass over X) from memory. Sessions
+must have at most ``BLOCK_N`` rows and at most ``BLOCK_W`` steps.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .pivot import should_stop
+
+
+@triton.jit
+def _gram_row(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, d, stride_x,
+              FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """G[pivot, :] of one session as a BLOCK_N vector (zeros past n), fp32."""
+    rows = tl.arange(0, BLOCK_N)
+    m = rows < n
+    if FROM_GRAM:
+        g = tl.load(gram_ptr + pivot.to(tl.int64) * n + rows, mask=m, other=0.0)
+    else:
+        cols = tl.arange(0, BLOCK_D)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        row_ptr = x_ptr + (start + rows).to(tl.int64)[:, None] * stride_x
+        pivot_ptr = x_ptr + (start + pivot).to(tl.int64) * stride_x
+        for d0 in range(0, d, BLOCK_D):
+            cm = d0 + cols < d
+            xt = tl.load(row_ptr + d0 + cols[None, :], mask=m[:, None] & cm[None, :], other=0.0).to(tl.float32)
+            xj = tl.load(pivot_ptr + d0 + cols, mask=cm, other=0.0).to(tl.float32)
+            acc += tl.sum(xt * xj[None, :], axis=1)
+        scale = tl.load(inv_norm_ptr + start + rows, mask=m, other=0.0) * tl.load(inv_norm_ptr + start + pivot)
+        g = acc * scale
+    return g
+
+
+@triton.jit
+def greedy_resident_kernel(
+    x_ptr, inv_norm_ptr, gram_ptr, gram_offsets_ptr, offsets_ptr, protected_idx_ptr, protected_offsets_ptr,
+    candidate_ptr, tau_ptr, capacity_ptr, residuals_ptr, indices_ptr, counts_ptr, coverage_ptr,
+    eps, d, stride_x, width,
+    FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program runs session ``program_id(0)`` from protected seeding to its stop."""
+    s = tl.program_id(0)
+    start = tl.load(offsets_ptr + s).to(tl.int32)
+    n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
+    p_start = tl.load(protected_offsets_ptr + s).to(tl.int32)
+    num_protected = tl.load(protected_offsets_ptr + s + 1).to(tl.int32) - p_start
+    tau = tl.load(tau_ptr + s)
+    capacity = tl.load(capacity_ptr + s)
+    gram_ptr += tl.load(gram_offsets_ptr + s)
+    rows = tl.arange(0, BLOCK_N)
+    slots = tl.arange(0, BLOCK_W)
+    m = rows < n
+
+    residuals = tl.where(m, 1.0, 0.0)
+    candidate = tl.load(candidate_ptr + start + rows, mask=m, other=0) != 0
+    projections = tl.zeros([BLOCK_W, BLOCK_N], dtype=tl.float32)  # C: row k = direction k's coordinates
+    t = 0
+    directions = 0
+    coverage = 0.0
+    running = 1
+    while running != 0:
+        score = tl.where(candidate, residuals, -1.0)
+        best = tl.max(score, axis=0)
+        forced = t < num_protected
+        forced_i = tl.load(protected_idx_ptr + p_start + t, mask=forced, other=0)
+        pivot = tl.where(forced, forced_i, tl.argmax(score, axis=0, tie_break_left=True))
+        if should_stop(forced, best, t, capacity, coverage, tau, eps):
+            running = 0
+        else:
+            tl.store(indices_ptr + s.to(tl.int64) * width + t, pivot.to(tl.int64))
+            at_pivot = rows == pivot
+            candidate = candidate & (rows != pivot)
+            t += 1
+            r_pivot = tl.sum(tl.where(at_pivot, residuals, 0.0), axis=0)
+            if r_pivot > eps:
+                g = _gram_row(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, d, stride_x,
+                              FROM_GRAM, BLOCK_N, BLOCK_D)
+                c_pivot = tl.sum(tl.where(at_pivot[None, :], projections, 0.0), axis=1)  # C[:, pivot]
+                e = (g - tl.sum(c_pivot[:, None] * projections, axis=0)) / tl.sqrt(r_pivot)
+                e = tl.where(m, e, 0.0)
+                projections = tl.where(slots[:, None] == directions, e[None, :], projections)
+                residuals = tl.maximum(residuals - e * e, 0.0)
+                directions += 1
+                coverage = 1.0 - tl.sum(residuals, axis=0) / n
+    tl.store(residuals_ptr + start + rows, residuals, mask=m)
+    tl.store(counts_ptr + s, t.to(tl.int64))
+    tl.store(coverage_ptr + s, coverage)
+
+
+def resident_blocks(n_max: int, width: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_W, BLOCK_D, num_warps) for sessions of up to n_max rows and width steps.
+
+    One warp per 32 rows (4 to 16); the X tile of a pass holds 16 elements a thread, which keeps
+    ptxas under its register limit without spills (tests/compile_kernels.py reports both)."""
+    block_n = triton.next_power_of_2(max(n_max, 16))
+    block_w = triton.next_power_of_2(max(width, 1))
+    num_warps = max(4, min(16, block_n // 32))
+    block_d = max(8, min(64, 512 * num_warps // block_n))
+    return block_n, block_w, block_d, num_warps
+
+
+#: Per source of Gram rows (from G, or a pass over X): the largest session, and the largest projections tile
+#: (rows x steps, fp32) kept in registers; beyond them ptxas spills (tests/compile_kernels.py).
+MAX_ROWS = {True: 1024, False: 256}
+MAX_ELEMENTS = {True: 16384, False: 8192}
+
+
+def resident_fits(n_max: int, width: int, from_gram: bool) -> bool:
+    """Whether sessions of up to ``n_max`` rows taking up to ``width`` steps fit `greedy_resident`."""
+    block_n, block_w, _, _ = resident_blocks(n_max, width)
+    return n_max <= MAX_ROWS[from_gram] and block_n * block_w <= MAX_ELEMENTS[from_gram]
+
+
+def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, protected_idx: torch.Tensor,
+                    protected_offsets: torch.Tensor, candidate: torch.Tensor, tau: torch.Tensor,
+                    capacity: torch.Tensor, eps: float, width: int, n_max: int, gram: torch.Tensor | None = None,
+                    gram_offsets: torch.Tensor | None = None, max_block_d: int | None = None):
+    """Launch one program per session; returns (indices (S, width) -1 padded, counts, coverage, residuals).
+
+    Every session must have at most ``n_max`` rows; ``max_block_d`` caps the X tile's width (tests cross its
+    edges); ``gram``/``gram_offsets`` as in `greedy_fused`.
+    """
+    sessions = offsets.numel() - 1
+    rows, d = x.shape
+    device = x.device
+    block_n, block_w, block_d, num_warps = resident_blocks(n_max, width)
+    residuals = torch.empty(rows, dtype=torch.float32, device=device)
+    indices = torch.full((sessions, width), -1, dtype=torch.int64, device=device)
+    counts = torch.empty(sessions, dtype=torch.int64, device=device)
+    coverage = torch.empty(sessions, dtype=torch.float32, device=device)
+    from_gram = gram is not None
+    if not from_gram:
+        gram, gram_offsets = residuals, torch.zeros(sessions, dtype=torch.int64, device=device)
+    greedy_resident_kernel[(sessions,)](
+        x, inv_norm, gram, gram_offsets, offsets, protected_idx, protected_offsets, candidate, tau, capacity,
+        residuals, indices, counts, coverage, eps, d, x.stride(0), width,
+        FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=min(block_d, max_block_d or block_d), num_warps=num_warps,
+    )
+    return indices, counts, coverage, residuals

@@ -1,0 +1,68 @@
+"""The Triton kernels' building blocks on their own: the symmetric Gram plan and product, and the tile rules of
+the register-resident greedy (the selections they produce are tested in test_select.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from test_select import backend_marks
+
+pytestmark = backend_marks("triton")
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+
+def test_gram_plan_lists_each_upper_tile_once():
+    from gemkernels.kernels.gram import gram_plan
+
+    lengths = np.array([1, 17, 40, 64, 3, 65])
+    offsets, session, row, col = gram_plan(lengths, block_m=16)
+    np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(lengths ** 2)[:-1]]))
+    for s, n in enumerate(lengths.tolist()):
+        t = -(-n // 16)
+        mine = sorted(zip(row[session == s].tolist(), col[session == s].tolist()))
+        assert mine == [(i, j) for i in range(t) for j in range(i, t)], f"session {s}"
+    assert np.all(np.diff(session) >= 0)  # sessions in order: one contiguous run each
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_ragged_gram_matches_float64_and_is_symmetric(dtype):
+    """Every entry of every session's G_s = X_hat X_hat^T, with tiles smaller than the sessions and d."""
+    from gemkernels.backends.triton_backend import kernel_device
+    from gemkernels.kernels.gram import ragged_gram
+
+    rng = np.random.default_rng(3)
+    lengths = np.array([1, 17, 40, 33])
+    d = 24
+    x = rng.standard_normal((int(lengths.sum()), d)).astype(dtype)
+    x[20] = 0.5 * x[18]  # a duplicate direction inside session 1
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    xt = torch.from_numpy(x).to(kernel_device())
+    inv_norm = torch.from_numpy(1.0 / np.linalg.norm(x.astype(np.float64), axis=1)).float().to(kernel_device())
+    gram, gram_offsets = ragged_gram(xt, inv_norm, torch.as_tensor(offsets, device=kernel_device()), lengths,
+                                     block_m=16, block_k=16)
+    gram, gram_offsets = gram.cpu().numpy(), gram_offsets.cpu().numpy()
+    assert gram.shape == (int((lengths ** 2).sum()),)
+    for s, n in enumerate(lengths.tolist()):
+        rows = x[offsets[s]:offsets[s + 1]].astype(np.float64)
+        unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+        got = gram[gram_offsets[s]:gram_offsets[s] + n * n].reshape(n, n)
+        np.testing.assert_allclose(got, unit @ unit.T, atol=2e-6 if dtype == "float32" else 2e-5)
+        np.testing.assert_array_equal(got, got.T)  # mirrored, not computed twice
+
+
+def test_resident_tiles_cover_the_session_and_fit_the_limits():
+    from gemkernels.kernels.greedy_resident import MAX_ELEMENTS, MAX_ROWS, resident_blocks, resident_fits
+
+    for n_max in (1, 16, 17, 255, 256, 257, 1000, 1024):
+        for width in (1, 15, 16, 33, 64):
+            block_n, block_w, block_d, warps = resident_blocks(n_max, width)
+            assert block_n >= n_max and block_w >= width
+            assert all(v & (v - 1) == 0 for v in (block_n, block_w, block_d, warps))
+            assert 4 <= warps <= 16 and block_n * block_d <= 512 * warps  # <= 16 X elements a thread
+            for from_gram in (True, False):
+                fits = n_max <= MAX_ROWS[from_gram] and block_n * block_w <= MAX_ELEMENTS[from_gram]
+                assert resident_fits(n_max, width, from_gram) == fits
+    assert resident_fits(256, 16, from_gram=False) and resident_fits(1024, 16, from_gram=True)
+    assert not resident_fits(257, 16, from_gram=False) and not resident_fits(1025, 1, from_gram=True)
