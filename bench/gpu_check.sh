@@ -6,15 +6,18 @@
 # sweep gets a --time-budget inside that, so results are written even when a stage runs long.
 #   1. python: the first of .venv/bin/python, python3, python that has torch with CUDA and triton;
 #      `pip install -e . --no-deps` only if `import gemkernels` fails (or finds another checkout).
-#   2. correctness: python -m pytest tests/test_select.py -x -q (every backend against the float64
-#      reference on CUDA, bf16 included).
-#   3. headline points (torch and every triton path; python -m bench):
-#      S=4096 n=256 d=1024 b=16 bf16; S=256 n=4096 d=384 b=16 bf16 and fp32; S=1024 n=256 d=1024 fp32.
+#   2. correctness: python -m pytest tests/test_select.py tests/test_kernels.py -x -q (every backend against the
+#      float64 reference on CUDA, bf16 included; the Gram kernel against float64).
+#   3. headline points (torch and every triton path, plus the -global greedy variants where n <= 256;
+#      python -m bench): S=4096 n=256 d=1024 b=16 bf16; then the Gram tile candidates at that shape
+#      (python -m bench.select_floor --only gram, into OUTDIR/floor/results.jsonl); S=256 n=4096 d=384 b=16
+#      bf16 and fp32; S=1024 n=256 d=1024 fp32.
 #   4. the --quick sweep.
 #   5. report: OUTDIR/results.md, throughput.png, roofline.png from all of OUTDIR/results.jsonl.
 # Set GEMKERNELS_GIT_COMMIT=<hash> when the tree has no .git, so the records name their commit.
-# Writes OUTDIR/{results.jsonl,results.md,throughput.png,roofline.png,gpu_check.log}; ends with a summary
-# (stages, the targets as ratios, the headline rows). Exit status 1 if any stage failed or timed out.
+# Writes OUTDIR/{results.jsonl,results.md,throughput.png,roofline.png,gpu_check.log,floor/results.jsonl}; ends
+# with a summary (stages, the targets as ratios, the headline rows, the Gram tile rows). Exit status 1 if any
+# stage failed or timed out.
 #
 # --cpu-smoke runs the same plumbing without a GPU (tiny sizes, Triton's interpreter), to test this script.
 
@@ -152,20 +155,22 @@ print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', tor
 if [ $SMOKE -eq 1 ]; then
     stage correctness 120 "$PY" -m pytest tests/test_select.py -x -q -p no:cacheprovider -k "numpy and random"
 else
-    stage correctness 120 "$PY" -m pytest tests/test_select.py -x -q -p no:cacheprovider
+    stage correctness 100 "$PY" -m pytest tests/test_select.py tests/test_kernels.py -x -q -p no:cacheprovider
 fi
 
-# ---------------------------------------------------------------- 3. headline points, 4. quick sweep
+# ---------------------------------------------------------------- 3. headline points, gram tiles, quick sweep
 PATHS=(torch triton-gram triton-fused triton-stepwise)
+VARIANTS=(triton-gram-global triton-fused-global)  # the greedy state in global memory: A/B for the resident one
 if [ $SMOKE -eq 1 ]; then
     HEAD=(-S 1 -n 8 -d 16) LONG=(-S 1 -n 32 -d 16) SERVE=(-S 2 -n 8 -d 16) QUICK=(-S 1 -n 8 16 -d 16)
 else
     HEAD=(-S 4096 -n 256 -d 1024) LONG=(-S 256 -n 4096 -d 384) SERVE=(-S 1024 -n 256 -d 1024) QUICK=(--quick)
 fi
-TARGET=(--mode fixed -b 16 --backend "${PATHS[@]}" --point-seconds 3)  # about 3 s of timed runs a point
-bench_stage headline-bf16 50 "${HEAD[@]}" --dtype bf16 "${TARGET[@]}"
-bench_stage long-history 50 "${LONG[@]}" --dtype bf16 fp32 "${TARGET[@]}"
-bench_stage serving-fp32 35 "${SERVE[@]}" --dtype fp32 "${TARGET[@]}"
+TARGET=(--mode fixed -b 16 --point-seconds 2)  # about 2 s of timed runs a point
+bench_stage headline-bf16 60 "${HEAD[@]}" --dtype bf16 --backend "${PATHS[@]}" "${VARIANTS[@]}" "${TARGET[@]}"
+stage gram-tiles 40 "$PY" -m bench.select_floor --only gram --out "$OUT/floor"
+bench_stage long-history 45 "${LONG[@]}" --dtype bf16 fp32 --backend "${PATHS[@]}" "${TARGET[@]}"
+bench_stage serving-fp32 35 "${SERVE[@]}" --dtype fp32 --backend "${PATHS[@]}" "${VARIANTS[@]}" "${TARGET[@]}"
 bench_stage quick-sweep 60 "${QUICK[@]}" --backend "${PATHS[@]}"
 
 # ---------------------------------------------------------------- 5. report
@@ -186,5 +191,13 @@ if [ -s "$OUT/results.md" ]; then
         "/ read X once | vs torch | same as torch):"
     grep -E '^\| [a-z]+ \| fixed \| (bf16|fp32) \| (4096 \| 256 \| 1024|256 \| 4096 \| 384|1024 \| 256 \| 1024) \|' \
         "$OUT/results.md" | cut -d'|' -f4-9,14-20
+fi
+if [ -s "$OUT/floor/results.jsonl" ]; then
+    echo "gram tile rows (measurement, dtype, median, ratios):"
+    "$PY" -c "import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(' ', r['measurement'], r['config'].get('dtype'), r['median_s'], r.get('ratios') or r.get('error'))" \
+        "$OUT/floor/results.jsonl"
 fi
 exit $FAILED

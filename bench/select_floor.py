@@ -1,6 +1,6 @@
 """Selection against its floors, side by side in one process: medians and ratios, never pass/fail.
 
-    python -m bench.select_floor [--out DIR] [--only numpy torch gpu] [--repeats-scale X]
+    python -m bench.select_floor [--out DIR] [--only numpy torch gpu gram] [--repeats-scale X]
 
 a. numpy, one session (n=512, d=1024, tau=1.0, k=16: exactly 16 steps, float32): ``gk.select``
    against the sequential floor (16 back-to-back ``X @ v``, the matrix-vector products the greedy
@@ -10,6 +10,8 @@ b. torch on the CPU, 64 sessions of 64 x 384 (tau=0.9, k=16): one ``select_batch
 c. CUDA only: each triton path (gram, fused, stepwise) against the torch backend at S=1024,
    n=256, d=1024, b=16 in fp32 and bf16, and the time to read X once at the measured
    device-to-device copy bandwidth. Skipped, with a note, without a GPU.
+d. CUDA only: the gram path's tile candidates (`GRAM_TILES`) at S=4096, n=256, d=1024, b=16: the Gram
+   kernel against its byte and flop floors, the whole selection against reading X once.
 
 Contenders of one measurement are timed in interleaved rounds (`gemkernels.bench_timing.compare`), so the
 ratios hold up on a noisy machine. Every row is printed as markdown and appended as one JSON
@@ -29,7 +31,7 @@ import numpy as np
 import gemkernels as gk
 from gemkernels.bench_machine import copy_bandwidth, environment, version
 from gemkernels.bench_point import run_selection
-from gemkernels.bench_timing import Timing, compare, cuda_call, fmt_seconds
+from gemkernels.bench_timing import Timing, compare, cpu_call, cuda_call, fmt_seconds
 from gemkernels.benchmark import resolve_device, say
 
 from . import cases
@@ -229,9 +231,103 @@ def bench_gpu(rec: Recorder, repeats: int) -> None:
         torch.cuda.empty_cache()
 
 
+# --------------------------------------------------------------------------- d. GPU: Gram tiles against their floors
+
+#: Gram tile candidates (BLOCK_M, BLOCK_K, warps, stages), each compiled by ptxas for sm_90 without spills.
+GRAM_TILES = ((64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 4), (128, 32, 8, 3), (128, 32, 8, 4))
+
+
+def bench_gram(rec: Recorder, repeats: int) -> None:
+    """The gram path's tile candidates at the headline shape (S=4096, n=256, d=1024, b=16), bf16 and fp32."""
+    reason = gpu_unavailable()
+    if reason is not None:
+        rec.section("d. GPU: Gram tiles")
+        say(f"skipped: {reason}. On a CUDA machine run: python -m bench.select_floor --only gram")
+        return
+    gram_tiles(rec, cases.GPU_HEADLINE, "cuda", repeats)
+
+
+def gram_tiles(rec: Recorder, case: cases.Case, device: str, repeats: int, tiles=GRAM_TILES,
+               dtypes=("bfloat16", "float32")) -> None:
+    """Each tile candidate's Gram kernel alone and whole gram-path selection, timed interleaved, against the
+    floors measured here: bytes (read X once, write the n^2 fp32 Gram matrices) at the copy bandwidth, the
+    symmetric product's useful flops (S n (n+1) d) at the matmul rate, and reading X once for the selection."""
+    bandwidth = copy_bandwidth(device, COPY_BYTES if device == "cuda" else 64 << 20, max(3, repeats // 2))
+    rec.section(f"d. Gram tiles: {case.sessions} sessions of {case.n} x {case.d}, {case.k} steps, gram path",
+                f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write); tiles (BLOCK_M x BLOCK_K, warps, stages)")
+    for dtype in dtypes:
+        gram_tiles_one_dtype(rec, case, device, dtype, bandwidth, repeats, tiles)
+        if device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def gram_tiles_one_dtype(rec: Recorder, case: cases.Case, device: str, dtype: str, bandwidth: float, repeats: int,
+                         tiles) -> None:
+    """`gram_tiles` for one torch dtype name."""
+    import torch
+
+    from gemkernels.api import select_ragged
+    from gemkernels.backends.triton_backend import TritonOptions
+    from gemkernels.bench_machine import matmul_rate
+    from gemkernels.bench_point import triton_options
+    from gemkernels.kernels.gram import gram_plan, ragged_gram
+
+    rate = matmul_rate(device, dtype, 8192 if device == "cuda" else 512, max(3, repeats // 4))
+    batch = cases.ragged_batch(case, device, getattr(torch, dtype))
+    x = batch.values
+    inv_norm = torch.linalg.vector_norm(x, dim=1, dtype=torch.float32).reciprocal()
+    offsets = torch.as_tensor(batch.offsets, device=x.device)
+    lengths = batch.lengths
+    bytes_floor = (x.nbytes + 4 * case.sessions * case.n ** 2) / bandwidth
+    flop_floor = case.sessions * case.n * (case.n + 1) * case.d / rate
+    read_once = x.nbytes / bandwidth
+    floor = max(bytes_floor, flop_floor)
+    config = case.describe() | {"dtype": dtype, "device": device, "copy_bandwidth_b_per_s": bandwidth,
+                                "matmul_flop_per_s": rate}
+    rec.row("floor: max(X + G bytes, symmetric flops)", config, floor,
+            {"bytes": bytes_floor / floor, "flops": flop_floor / floor}, read_once_s=read_once)
+    fns, checks, first = {}, {}, None
+    for block_m, block_k, warps, stages in tiles:
+        name = f"{block_m}x{block_k} w{warps} s{stages}"
+        options = TritonOptions(path="gram", block_m=block_m, block_k=block_k, gram_warps=warps, gram_stages=stages)
+
+        def gram(block_m=block_m, block_k=block_k, warps=warps, stages=stages):
+            return ragged_gram(x, inv_norm, offsets, lengths, block_m, block_k, warps, stages)
+
+        def select(options=options):
+            with triton_options(options):
+                return select_ragged(batch, tau=case.tau, k=case.k, backend="triton")
+
+        try:
+            g, out = gram()[0], select()
+            expect_steps(out.counts.cpu(), case.k, f"gram path {name}")
+        except Exception as exc:  # report a failing candidate, keep measuring the others
+            rec.row(f"gram {name}", config, None, error=f"failed: {type(exc).__name__}: {exc}")
+            continue
+        first = first or (g, out.indices)
+        checks[name] = {"block_m": block_m, "tiles": len(gram_plan(lengths, block_m)[1]),
+                        "gram_max_abs_diff_vs_first": float((g - first[0]).abs().max()),
+                        "same_indices_as_first": float((out.indices == first[1]).all(dim=1).float().mean())}
+        fns[f"gram {name}"], fns[f"select {name}"] = gram, select
+    if not fns:
+        return
+    first = None  # free the first candidate's Gram matrices before timing
+    t = compare(fns, repeats, timer=cuda_call if device == "cuda" else cpu_call)
+    for name, check in checks.items():
+        computed = 2 * check["tiles"] * check["block_m"] ** 2 * case.d
+        gram_t, select_t = t[f"gram {name}"], t[f"select {name}"]
+        rec.row(f"gram {name}", config, gram_t,
+                {"gram/floor": gram_t.median / floor, "gram/flop-floor": gram_t.median / flop_floor},
+                computed_flops=computed, tflop_per_s=computed / gram_t.median / 1e12, **check)
+        rec.row(f"select gram {name}", config, select_t, {"select/read-once": select_t.median / read_once},
+                target="select/read-once <= 2 (bf16)")
+
+
 # --------------------------------------------------------------------------- main
 
-SECTIONS = {"numpy": (bench_numpy, 200), "torch": (bench_torch, 15), "gpu": (bench_gpu, 20)}
+SECTIONS = {"numpy": (bench_numpy, 200), "torch": (bench_torch, 15), "gpu": (bench_gpu, 20), "gram": (bench_gram, 20)}
 
 
 def main(argv: list[str] | None = None) -> None:

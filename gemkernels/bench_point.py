@@ -31,6 +31,10 @@ ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 MODES = {"fixed": 1.0, "tau": 0.9}
 #: Contender names: a backend, or a triton path forced through `triton_backend.OPTIONS`.
 CONTENDERS = ("numpy", "torch", "triton-gram", "triton-fused", "triton-stepwise")
+#: Suffix of a triton contender that keeps the greedy state in global memory even where it fits in registers.
+GLOBAL_STATE = "-global"
+#: Contenders run only when named: the register-resident greedy's A/B counterparts.
+VARIANTS = ("triton-gram" + GLOBAL_STATE, "triton-fused" + GLOBAL_STATE)
 #: Rotate GPU inputs until they span this many L2 caches (at most MAX_COPIES copies of the batch).
 ROTATE_L2_FACTOR, MAX_COPIES = 4, 32
 #: Share of free memory a point may plan to use.
@@ -102,19 +106,25 @@ def library(contender: str) -> str:
 
 
 @contextlib.contextmanager
-def triton_path(path: str | None) -> Iterator[None]:
-    """Force the triton backend's path for the duration (no-op for None)."""
-    if path is None:
-        yield
-        return
+def triton_options(options: Any) -> Iterator[None]:
+    """Swap the triton backend's `TritonOptions` for the duration."""
     from .backends import triton_backend
 
     saved = triton_backend.OPTIONS
-    triton_backend.OPTIONS = triton_backend.TritonOptions(path=path)
+    triton_backend.OPTIONS = options
     try:
         yield
     finally:
         triton_backend.OPTIONS = saved
+
+
+def triton_path(path: str | None) -> contextlib.AbstractContextManager:
+    """Force the triton backend's path (``"gram"``, ``"gram-global"``, ...) for the duration (no-op for None)."""
+    if path is None:
+        return contextlib.nullcontext()
+    from .backends.triton_backend import TritonOptions
+
+    return triton_options(TritonOptions(path=path.removesuffix(GLOBAL_STATE), resident=not path.endswith(GLOBAL_STATE)))
 
 
 def run_selection(batch: RaggedBatch, contender: str, tau: float, k: int) -> RaggedSelection:
@@ -158,6 +168,7 @@ def memory_need(point: Point, contenders: list[str], copies: int, device: str) -
     x32 = point.sessions * point.n * point.d * 4
     work = {"torch": 3 * x32, "triton-gram": x32 + 4 * point.sessions * point.n ** 2,
             "triton-fused": x32, "triton-stepwise": x32}
+    work |= {c: work[c.removesuffix(GLOBAL_STATE)] + 4 * point.sessions * point.n * point.b for c in VARIANTS}
     need = {device: copies * point.x_bytes + max([x32 if point.dtype != "fp32" else 0] +
                                                   [work[c] for c in contenders if c in work])}
     if "numpy" in contenders:

@@ -16,7 +16,8 @@ from typing import Any
 from .bench_timing import fmt_seconds
 
 KEY = ("mode", "dtype", "sessions", "n", "d", "b", "backend", "device")
-ORDER = {"numpy": 0, "torch": 1, "triton-gram": 2, "triton-fused": 3, "triton-stepwise": 4}
+ORDER = {"numpy": 0, "torch": 1, "triton-gram": 2, "triton-fused": 3, "triton-stepwise": 4, "triton-gram-global": 5,
+         "triton-fused-global": 6}
 
 #: The issue's targets: (label, the point, metric of the best triton path, goal). Ratios, never pass/fail.
 TARGETS = (

@@ -24,7 +24,7 @@ from typing import Any
 
 from .backends import unavailable_reason
 from .bench_machine import environment, measure_ceilings
-from .bench_point import CONTENDERS, DTYPES, MODES, Point, Settings, measure_point, split_contender
+from .bench_point import CONTENDERS, DTYPES, MODES, VARIANTS, Point, Settings, measure_point, split_contender
 from .bench_report import write_report
 from .bench_timing import cpu_call, cuda_call, fmt_seconds
 
@@ -51,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser, default_out: Path = Path("gem
     grid.add_argument("--dtype", nargs="+", choices=list(DTYPES))
     grid.add_argument("--mode", nargs="+", choices=list(MODES),
                       help="fixed: tau=1.0, k=b (exactly b steps); tau: tau=0.9, k=b")
-    grid.add_argument("--backend", nargs="+", choices=CONTENDERS)
+    grid.add_argument("--backend", nargs="+", choices=CONTENDERS + VARIANTS,
+                      help="contenders; the -global variants (run only when named) keep the triton greedy's state in "
+                           "global memory where the default keeps it in registers")
     grid.add_argument("-b", type=int, default=16, help="steps (k) per session (default %(default)s)")
     timing = parser.add_argument_group("timing")
     timing.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",

@@ -71,7 +71,8 @@ def gram_plan(lengths: np.ndarray, block_m: int) -> tuple[np.ndarray, np.ndarray
 
 
 def ragged_gram(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, lengths: np.ndarray,
-                block_m: int = 64, block_k: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+                block_m: int = 64, block_k: int = 32, num_warps: int = 4,
+                num_stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed fp32 Gram matrices of the normalised rows and their offsets (``(sum n_s^2,)``, ``(S,)``)."""
     gram_offsets, tile_session, tile_row, tile_col = gram_plan(lengths, block_m)
     device = x.device
@@ -82,6 +83,6 @@ def ragged_gram(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, 
         x, inv_norm, offsets, gram_offsets_t, torch.as_tensor(tile_session, device=device),
         torch.as_tensor(tile_row, device=device), torch.as_tensor(tile_col, device=device), gram,
         x.shape[1], x.stride(0), BLOCK_M=block_m, BLOCK_K=block_k, EVEN_K=x.shape[1] % block_k == 0,
-        INPUT_PRECISION=precision,
+        INPUT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
     )
     return gram, gram_offsets_t

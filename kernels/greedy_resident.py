@@ -139,6 +139,7 @@ def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
     greedy_resident_kernel[(sessions,)](
         x, inv_norm, gram, gram_offsets, offsets, protected_idx, protected_offsets, candidate, tau, capacity,
         residuals, indices, counts, coverage, eps, d, x.stride(0), width,
-        FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=min(block_d, max_block_d or block_d), num_warps=num_warps,
+        FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=min(block_d, max_block_d or block_d),
+        num_warps=num_warps,
     )
     return indices, counts, coverage, residuals

@@ -19,6 +19,7 @@ import pytest
 
 from gemkernels import bench_machine, bench_point, bench_report, benchmark
 from gemkernels.bench_point import Point, Settings
+from helpers import ROOT
 
 RECORD_KEYS = {"kind", "status", "note", "config", "timing", "checks", "metrics", "ceilings", "env"}
 CONFIG_KEYS = {"mode", "dtype", "sessions", "n", "d", "b", "tau", "k", "backend", "library_backend", "path",
@@ -179,19 +180,61 @@ def test_triton_paths_in_the_interpreter(tmp_path):
     pytest.importorskip("triton")
     if benchmark.left_out(["triton-gram"], "cpu"):
         pytest.skip("triton cannot run here: " + benchmark.left_out(["triton-gram"], "cpu")["triton-gram"])
+    triton = ["triton-gram", "triton-fused", "triton-stepwise", "triton-gram-global", "triton-fused-global"]
     code, records = run_bench(tmp_path, "-n", "16", "-d", "32", "-S", "2", "--dtype", "fp32", "--mode", "fixed",
-                              "--backend", "torch", "triton-gram", "triton-fused", "triton-stepwise",
-                              "--repeats", "3", "--no-plots")
+                              "--backend", "torch", *triton, "--repeats", "3", "--no-plots")
     assert code == 0
     ok = {r["config"]["backend"]: r for r in points(records, "ok")}
-    assert set(ok) == {"torch", "triton-gram", "triton-fused", "triton-stepwise"}
-    for name in ("triton-gram", "triton-fused", "triton-stepwise"):
-        assert ok[name]["config"]["path"] == name.split("-")[1]
+    assert set(ok) == {"torch", *triton}
+    for name in triton:
+        assert ok[name]["config"]["path"] == name.removeprefix("triton-")
         assert ok[name]["checks"]["same_indices_as_torch"] == 1.0
         assert ok[name]["metrics"]["speedup_vs_torch"] > 0
     from gemkernels.backends import triton_backend
 
-    assert triton_backend.OPTIONS.path is None  # the forced path was put back
+    assert triton_backend.OPTIONS == triton_backend.TritonOptions()  # the forced options were put back
+
+
+def test_forced_triton_options_by_contender_name():
+    pytest.importorskip("torch")
+    from gemkernels.backends import triton_backend
+
+    for path, expected in ((None, triton_backend.TritonOptions()),
+                           ("fused", triton_backend.TritonOptions(path="fused")),
+                           ("gram-global", triton_backend.TritonOptions(path="gram", resident=False))):
+        with bench_point.triton_path(path):
+            assert triton_backend.OPTIONS == expected
+        assert triton_backend.OPTIONS == triton_backend.TritonOptions()
+
+
+def test_gram_tile_candidates_in_the_interpreter(tmp_path):
+    """bench.select_floor's Gram section at a tiny shape: every candidate timed, checked and set against the
+    floors it measured."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if benchmark.left_out(["triton-gram"], "cpu"):
+        pytest.skip("triton cannot run here: " + benchmark.left_out(["triton-gram"], "cpu")["triton-gram"])
+    sys.path.insert(0, str(ROOT))
+    from bench import cases, select_floor
+
+    rec = select_floor.Recorder(tmp_path)
+    case = cases.Case("tiny", sessions=3, n=20, d=24, tau=1.0, k=4)
+    tiles = ((16, 8, 4, 3), (16, 16, 4, 1), (32, 8, 4, 3))
+    select_floor.gram_tiles(rec, case, "cpu", repeats=3, tiles=tiles, dtypes=("float32",))
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    floor, grams, selects = rows[0], rows[1::2], rows[2::2]
+    assert len(rows) == 1 + 2 * len(tiles) and floor["measurement"].startswith("floor")
+    config = floor["config"]
+    assert floor["median_s"] == pytest.approx(max(
+        (3 * 20 * 24 * 4 + 4 * 3 * 20 ** 2) / config["copy_bandwidth_b_per_s"],
+        3 * 20 * 21 * 24 / config["matmul_flop_per_s"]))
+    for (block_m, block_k, warps, stages), gram, select in zip(tiles, grams, selects):
+        assert gram["measurement"] == f"gram {block_m}x{block_k} w{warps} s{stages}"
+        assert gram["tiles"] == 3 * {16: 3, 32: 1}[block_m]  # 20 rows: 2 row tiles of 16 (3 upper), 1 of 32
+        assert gram["computed_flops"] == 2 * gram["tiles"] * block_m ** 2 * 24
+        assert gram["ratios"]["gram/floor"] == pytest.approx(gram["median_s"] / floor["median_s"])
+        assert gram["gram_max_abs_diff_vs_first"] < 1e-5 and gram["same_indices_as_first"] == 1.0
+        assert select["ratios"]["select/read-once"] == pytest.approx(select["median_s"] / floor["read_once_s"])
 
 
 def test_inputs_are_one_seeded_draw_in_every_dtype():

@@ -40,6 +40,8 @@ class TritonOptions:
     block_d: int = 16
     block_m: int = 64
     block_k: int = 32
+    gram_warps: int = 4
+    gram_stages: int = 3
 
 
 OPTIONS = TritonOptions()
@@ -105,7 +107,8 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
         gram = gram_offsets = None
         if path == "gram":
             gram, gram_offsets = ragged_gram(x, inv_norm, offsets, batch.lengths, block_m=options.block_m,
-                                              block_k=options.block_k)
+                                              block_k=options.block_k, num_warps=options.gram_warps,
+                                              num_stages=options.gram_stages)
         n_max = int(batch.lengths.max())
         args = (x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t)
         if options.resident and resident_fits(n_max, width, from_gram=gram is not None):
