@@ -2,11 +2,12 @@
 
 ``pivot_direction_kernel`` (one program per session) picks the pivot and grows the
 explicit d-space basis by modified Gram-Schmidt; ``residual_update_kernel`` (one program
-per tile of packed rows, whatever session they belong to) applies
-``r_i <- r_i - (q^T x_hat_i)^2``. Long sessions get many programs per step, which the
-fused one-program-per-session kernel cannot give them.
+per row tile of a session, from a host plan) applies ``r_i <- r_i - (q^T x_hat_i)^2``.
+Long sessions get many programs per step, which the one-program-per-session kernels cannot
+give them.
 """
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -74,41 +75,55 @@ def pivot_direction_kernel(
 
 
 @triton.jit
-def residual_update_kernel(x_ptr, inv_norm_ptr, row_session_ptr, residuals_ptr, residual_sum_ptr, basis_ptr,
-                           adding_ptr, directions_ptr, total_rows, d, stride_x, width,
+def residual_update_kernel(x_ptr, inv_norm_ptr, offsets_ptr, tile_session_ptr, tile_start_ptr, residuals_ptr,
+                           residual_sum_ptr, basis_ptr, adding_ptr, directions_ptr, d, stride_x, width,
                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows of one packed tile: ``r_i -= (q_s^T x_hat_i)^2`` with ``q_s`` the newest direction of row i's session."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = rows < total_rows
-    session = tl.load(row_session_ptr + rows, mask=m, other=0)
-    m = m & (tl.load(adding_ptr + session, mask=m, other=0) != 0)
-    newest = tl.load(directions_ptr + session, mask=m, other=1) - 1
-    q_rows = basis_ptr + (session.to(tl.int64) * width + newest) * d
-    x_rows = x_ptr + rows.to(tl.int64) * stride_x
-    cols = tl.arange(0, BLOCK_D)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for d0 in range(0, d, BLOCK_D):
-        mm = m[:, None] & (d0 + cols < d)[None, :]
-        xt = tl.load(x_rows[:, None] + d0 + cols[None, :], mask=mm, other=0.0).to(tl.float32)
-        qt = tl.load(q_rows[:, None] + d0 + cols[None, :], mask=mm, other=0.0)
-        acc += tl.sum(xt * qt, axis=1)
-    e = acc * tl.load(inv_norm_ptr + rows, mask=m, other=0.0)
-    r = tl.load(residuals_ptr + rows, mask=m, other=0.0)
-    r_new = tl.maximum(r - e * e, 0.0)
-    tl.store(residuals_ptr + rows, r_new, mask=m)
-    tl.atomic_add(residual_sum_ptr + session, r_new - r, mask=m)
+    """One tile of one session's rows: ``r_i -= (q^T x_hat_i)^2`` with ``q`` the session's newest direction, and
+    the tile's change added to the session's residual sum (one atomic a tile)."""
+    pid = tl.program_id(0)
+    s = tl.load(tile_session_ptr + pid)
+    if tl.load(adding_ptr + s) != 0:
+        start = tl.load(offsets_ptr + s).to(tl.int32)
+        n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
+        local = tl.load(tile_start_ptr + pid) + tl.arange(0, BLOCK_N)
+        m = local < n
+        q_ptr = basis_ptr + (s.to(tl.int64) * width + tl.load(directions_ptr + s) - 1) * d
+        x_rows = x_ptr + start.to(tl.int64) * stride_x + local[:, None] * stride_x  # in-session offsets fit int32
+        cols = tl.arange(0, BLOCK_D)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for d0 in range(0, d, BLOCK_D):
+            cm = d0 + cols < d
+            xt = tl.load(x_rows + d0 + cols[None, :], mask=m[:, None] & cm[None, :], other=0.0).to(tl.float32)
+            q = tl.load(q_ptr + d0 + cols, mask=cm, other=0.0)
+            acc += tl.sum(xt * q[None, :], axis=1)
+        e = acc * tl.load(inv_norm_ptr + start + local, mask=m, other=0.0)
+        r = tl.load(residuals_ptr + start + local, mask=m, other=0.0)
+        r_new = tl.maximum(r - e * e, 0.0)
+        tl.store(residuals_ptr + start + local, r_new, mask=m)
+        tl.atomic_add(residual_sum_ptr + s, tl.sum(tl.where(m, r_new - r, 0.0), axis=0))
 
 
-def greedy_stepwise(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, row_session: torch.Tensor,
+def row_tiles(lengths: np.ndarray, block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Host plan: every session's row tiles, as (tile_session, first row of the tile in its session), int32."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    tiles = -(-lengths // block_n)
+    tile_session = np.repeat(np.arange(len(lengths), dtype=np.int32), tiles)
+    first = np.concatenate([[0], np.cumsum(tiles)[:-1]])
+    tile_start = (np.arange(len(tile_session)) - first[tile_session]) * block_n
+    return tile_session, tile_start.astype(np.int32)
+
+
+def greedy_stepwise(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, lengths: np.ndarray,
                     protected_idx: torch.Tensor, protected_offsets: torch.Tensor, candidate: torch.Tensor,
-                    tau: torch.Tensor, capacity: torch.Tensor, eps: float, width: int, lengths: torch.Tensor,
-                    block_n: int = 128, block_d: int = 64):
+                    tau: torch.Tensor, capacity: torch.Tensor, eps: float, width: int, block_n: int = 128,
+                    block_d: int = 16):
     """2 launches per step, ``width`` steps, no host synchronisation; same returns as `greedy_fused`."""
     sessions = offsets.numel() - 1
     rows, d = x.shape
     device = x.device
+    tile_session, tile_start = (torch.as_tensor(a, device=device) for a in row_tiles(lengths, block_n))
     residuals = torch.ones(rows, dtype=torch.float32, device=device)
-    residual_sum = lengths.to(torch.float32)
+    residual_sum = torch.as_tensor(lengths, dtype=torch.float32, device=device)
     basis = torch.empty(sessions * max(width, 1) * d, dtype=torch.float32, device=device)
     adding = torch.zeros(sessions, dtype=torch.int8, device=device)
     running = torch.ones(sessions, dtype=torch.int8, device=device)
@@ -121,9 +136,9 @@ def greedy_stepwise(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
             residual_sum, basis, adding, running, directions, indices, counts, eps, d, x.stride(0), width,
             BLOCK_N=block_n, BLOCK_D=block_d,
         )
-        residual_update_kernel[(triton.cdiv(rows, block_n),)](
-            x, inv_norm, row_session, residuals, residual_sum, basis, adding, directions, rows, d, x.stride(0),
-            width, BLOCK_N=block_n, BLOCK_D=block_d,
+        residual_update_kernel[(len(tile_session),)](
+            x, inv_norm, offsets, tile_session, tile_start, residuals, residual_sum, basis, adding, directions, d,
+            x.stride(0), width, BLOCK_N=block_n, BLOCK_D=block_d,
         )
-    coverage = 1.0 - residual_sum / lengths
+    coverage = 1.0 - residual_sum / residual_sum.new_tensor(lengths)
     return indices, counts, coverage, residuals

@@ -25,7 +25,7 @@ INTS = {"i32": ("d", "stride_x", "total_rows", "width", "n"), "fp32": ("eps",)}
 POINTER_TYPES = {
     "offsets_ptr": "*i64", "gram_offsets_ptr": "*i64", "protected_offsets_ptr": "*i64", "indices_ptr": "*i64",
     "counts_ptr": "*i64", "protected_idx_ptr": "*i32", "capacity_ptr": "*i32", "directions_ptr": "*i32",
-    "row_session_ptr": "*i32", "tile_session_ptr": "*i32", "tile_row_ptr": "*i32", "tile_col_ptr": "*i32",
+    "tile_session_ptr": "*i32", "tile_start_ptr": "*i32", "tile_row_ptr": "*i32", "tile_col_ptr": "*i32",
     "candidate_ptr": "*i8", "adding_ptr": "*i8", "running_ptr": "*i8",
 }
 

@@ -98,11 +98,8 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     width = int(capacity.max())
     common = dict(eps=eps, width=width, block_n=options.block_n, block_d=options.block_d)
     if path == "stepwise":
-        lengths = torch.as_tensor(batch.lengths, device=device)
-        row_session = torch.repeat_interleave(torch.arange(batch.num_sessions, dtype=torch.int32, device=device),
-                                              lengths)
-        out = greedy_stepwise(x, inv_norm, offsets, row_session, protected_idx, protected_offsets, candidate,
-                              tau_t, capacity_t, lengths=lengths, **common)
+        out = greedy_stepwise(x, inv_norm, offsets, batch.lengths, protected_idx, protected_offsets, candidate,
+                              tau_t, capacity_t, **common)
     else:
         gram = gram_offsets = None
         if path == "gram":
