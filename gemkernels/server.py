@@ -16,7 +16,9 @@ Contracts (issue 6):
   ``metadata.user_id``, else GEM's prefix hash; requests of one session are compressed one at a time;
 - selection and block encoding of concurrent requests run batched (`gemkernels.batching`);
 - bounded: at most ``max_pending`` compressions queued or running, GEM's session store bounded;
-  shutdown (uvicorn's graceful shutdown) drains in-flight requests before the batchers stop.
+  shutdown (uvicorn's graceful shutdown) drains in-flight requests before the batchers stop;
+- with ``--set backend=triton`` on a GPU the selection kernels are compiled at start-up, not on the
+  first requests (`triton_backend.warm_up`).
 
 Also ``POST /v1/gem/compress`` (``{"messages", "session_id"?, "goal"?}`` -> ``{"messages", "stats"}``,
 400 for a malformed body), ``GET /healthz`` and ``GET /metrics`` (Prometheus text).
@@ -32,6 +34,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -204,6 +207,29 @@ def upstream_url(base: str, path: str) -> str:
     return base + path
 
 
+def warm_up_kernels(compressor: Compressor) -> None:
+    """With ``backend=triton`` on a GPU, compile the selection kernels before the first request (logged; a
+    failure is logged and left to the requests, which then go out uncompressed)."""
+    cfg = compressor.gem.config
+    if cfg.backend != "triton":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    from .backends import triton_backend
+
+    start = time.perf_counter()
+    try:
+        runs = triton_backend.warm_up(compressor.encoder.dim, None if cfg.keep_recent_size else cfg.k,
+                                      max_rows=2 * triton_backend.GRAM_MAX_ROWS)
+    except Exception:
+        logger.exception("could not compile the triton selection kernels ahead of the first request")
+        return
+    logger.info("compiled the triton selection kernels for sessions of up to %d rows in %.1f s", runs[-1][0],
+                time.perf_counter() - start)
+
+
 def error_response(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
 
@@ -219,6 +245,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         state["client"] = httpx.AsyncClient(timeout=timeout, transport=transport,
                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
         state["compressor"] = Compressor(config, metrics)
+        await asyncio.get_running_loop().run_in_executor(None, warm_up_kernels, state["compressor"])
         try:
             yield
         finally:

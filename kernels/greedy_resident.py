@@ -92,14 +92,16 @@ def greedy_resident_kernel(
     tl.store(coverage_ptr + s, coverage)
 
 
-def resident_blocks(n_max: int, width: int) -> tuple[int, int, int, int]:
+def resident_blocks(n_max: int, width: int, from_gram: bool) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_W, BLOCK_D, num_warps) for sessions of up to n_max rows and width steps.
 
-    One warp per 32 rows (4 to 16); the X tile of a pass holds 16 elements a thread, which keeps
-    ptxas under its register limit without spills (tests/compile_kernels.py reports both)."""
+    One warp per 32 rows, and enough warps (4 to 16) that a thread holds at most 32 projections of C
+    (16 when the step also streams an X tile); the X tile holds 16 elements a thread. That keeps ptxas
+    under its register limit without spills (tests/compile_kernels.py reports both)."""
     block_n = triton.next_power_of_2(max(n_max, 16))
     block_w = triton.next_power_of_2(max(width, 1))
-    num_warps = max(4, min(16, block_n // 32))
+    per_thread = 32 if from_gram else 16
+    num_warps = max(4, min(16, max(block_n // 32, block_n * block_w // (32 * per_thread))))
     block_d = max(8, min(64, 512 * num_warps // block_n))
     return block_n, block_w, block_d, num_warps
 
@@ -107,12 +109,12 @@ def resident_blocks(n_max: int, width: int) -> tuple[int, int, int, int]:
 #: Per source of Gram rows (from G, or a pass over X): the largest session, and the largest projections tile
 #: (rows x steps, fp32) kept in registers; beyond them ptxas spills (tests/compile_kernels.py).
 MAX_ROWS = {True: 1024, False: 256}
-MAX_ELEMENTS = {True: 16384, False: 8192}
+MAX_ELEMENTS = {True: 16384, False: 4096}
 
 
 def resident_fits(n_max: int, width: int, from_gram: bool) -> bool:
     """Whether sessions of up to ``n_max`` rows taking up to ``width`` steps fit `greedy_resident`."""
-    block_n, block_w, _, _ = resident_blocks(n_max, width)
+    block_n, block_w, _, _ = resident_blocks(n_max, width, from_gram)
     return n_max <= MAX_ROWS[from_gram] and block_n * block_w <= MAX_ELEMENTS[from_gram]
 
 
@@ -128,12 +130,12 @@ def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
     sessions = offsets.numel() - 1
     rows, d = x.shape
     device = x.device
-    block_n, block_w, block_d, num_warps = resident_blocks(n_max, width)
+    from_gram = gram is not None
+    block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, from_gram)
     residuals = torch.empty(rows, dtype=torch.float32, device=device)
     indices = torch.full((sessions, width), -1, dtype=torch.int64, device=device)
     counts = torch.empty(sessions, dtype=torch.int64, device=device)
     coverage = torch.empty(sessions, dtype=torch.float32, device=device)
-    from_gram = gram is not None
     if not from_gram:
         gram, gram_offsets = residuals, torch.zeros(sessions, dtype=torch.int64, device=device)
     greedy_resident_kernel[(sessions,)](

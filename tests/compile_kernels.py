@@ -45,8 +45,9 @@ def source(fn, x_dtype: str, constexprs: dict) -> ASTSource:
                      constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
 
 
-#: Sessions (rows, steps) for the register-resident greedy: the headline, the largest tiles it takes, the least.
-RESIDENT_SHAPES = ((256, 16), (256, 32), (1024, 16), (512, 32), (256, 64), (16, 16))
+#: Sessions (rows, steps) for the register-resident greedy: the headline, the largest tiles it takes, the least,
+#: and k = n (the cache-aware preset selects until tau).
+RESIDENT_SHAPES = ((256, 16), (256, 32), (1024, 16), (512, 32), (256, 64), (16, 16), (128, 128), (64, 64))
 
 
 def variants():
@@ -57,7 +58,7 @@ def variants():
             for n_max, width in RESIDENT_SHAPES:
                 if not resident_fits(n_max, width, from_gram):
                     continue
-                block_n, block_w, block_d, num_warps = resident_blocks(n_max, width)
+                block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, from_gram)
                 yield "greedy_resident", greedy_resident_kernel, x_dtype, dict(
                     FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d), num_warps
         precision = "ieee" if x_dtype == "*fp32" else "tf32"

@@ -56,13 +56,45 @@ def test_resident_tiles_cover_the_session_and_fit_the_limits():
     from gemkernels.kernels.greedy_resident import MAX_ELEMENTS, MAX_ROWS, resident_blocks, resident_fits
 
     for n_max in (1, 16, 17, 255, 256, 257, 1000, 1024):
-        for width in (1, 15, 16, 33, 64):
-            block_n, block_w, block_d, warps = resident_blocks(n_max, width)
-            assert block_n >= n_max and block_w >= width
-            assert all(v & (v - 1) == 0 for v in (block_n, block_w, block_d, warps))
-            assert 4 <= warps <= 16 and block_n * block_d <= 512 * warps  # <= 16 X elements a thread
+        for width in (1, 15, 16, 33, 64, 128, 1000):
             for from_gram in (True, False):
+                block_n, block_w, block_d, warps = resident_blocks(n_max, width, from_gram)
+                assert block_n >= n_max and block_w >= width
+                assert all(v & (v - 1) == 0 for v in (block_n, block_w, block_d, warps))
+                assert 4 <= warps <= 16 and block_n * block_d <= 512 * warps  # <= 16 X elements a thread
                 fits = n_max <= MAX_ROWS[from_gram] and block_n * block_w <= MAX_ELEMENTS[from_gram]
                 assert resident_fits(n_max, width, from_gram) == fits
+                if fits:  # at most 32 projections a thread from G, 16 beside an X tile
+                    assert block_n * block_w <= (32 if from_gram else 16) * 32 * warps
     assert resident_fits(256, 16, from_gram=False) and resident_fits(1024, 16, from_gram=True)
     assert not resident_fits(257, 16, from_gram=False) and not resident_fits(1025, 1, from_gram=True)
+
+
+class KernelSpy:
+    """Stands in for a Triton kernel: records each launch's constexprs, then launches the kernel."""
+
+    def __init__(self, kernel, log: list):
+        self.kernel, self.log = kernel, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append({k: v for k, v in kwargs.items() if k.isupper()})
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def test_warm_up_launches_one_variant_per_row_bucket(monkeypatch):
+    """Sessions of 16, 32 and 64 rows in 24 dimensions: gram (from G) while n <= d, then passes over X; the
+    register-resident greedy each time, with the row tile of that bucket and a step tile for k."""
+    from gemkernels.backends import triton_backend
+    from gemkernels.kernels import greedy_resident
+
+    launched = []
+    monkeypatch.setattr(greedy_resident, "greedy_resident_kernel",
+                        KernelSpy(greedy_resident.greedy_resident_kernel, launched))
+    assert triton_backend.warm_up(24, k=5, max_rows=40) == [(16, "gram"), (32, "fused"), (64, "fused")]
+    assert [(c["BLOCK_N"], c["BLOCK_W"], c["FROM_GRAM"]) for c in launched] == [(16, 8, True), (32, 8, False),
+                                                                                 (64, 8, False)]
+    launched.clear()
+    triton_backend.warm_up(24, k=None, max_rows=16)  # k = n: the step tile follows the rows
+    assert [(c["BLOCK_N"], c["BLOCK_W"]) for c in launched] == [(16, 16)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import threading
@@ -347,3 +348,37 @@ def test_the_proxy_and_the_client_wrapper_read_the_same_session(body, session):
     client = type("Client", (), {"chat": type("Chat", (), {"completions": Completions()})()})()
     wrap(client, gem=Recorder()).chat.completions.create(model="m", messages=MESSAGES, **body)
     assert seen == [session]
+
+
+@pytest.mark.parametrize("preset,overrides,k", [("paper", (), "not run"), ("paper", ("backend=triton",), "cfg.k"),
+                                                ("cache-aware", ("backend=triton",), None)])
+def test_triton_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrides, k):
+    """``backend=triton`` on a GPU: `triton_backend.warm_up` runs once before the app serves, with the encoder's
+    dimension and k (None when the preset selects until tau); a failing warm-up is logged and serving goes on."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from starlette.testclient import TestClient
+
+    from gemkernels.backends import triton_backend
+
+    calls = []
+
+    def warm_up(dim, k, max_rows):
+        calls.append((dim, k, max_rows))
+        if len(calls) > 1:
+            raise RuntimeError("no compiler")
+        return [(max_rows, "fused")]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(triton_backend, "warm_up", warm_up)
+    config = ServerConfig(upstream="http://127.0.0.1:9", preset=preset, overrides=overrides, encoder="hash-64")
+    with TestClient(create_app(config)) as client:
+        assert client.get("/healthz").status_code == 200
+    if k == "not run":
+        assert calls == []
+        return
+    expected_k = with_overrides(preset, overrides).k if k == "cfg.k" else None
+    assert calls == [(64, expected_k, 2 * triton_backend.GRAM_MAX_ROWS)]
+    with caplog.at_level(logging.ERROR, logger="gemkernels.server"), TestClient(create_app(config)) as client:
+        assert client.get("/healthz").status_code == 200
+    assert "could not compile the triton selection kernels" in caplog.text and len(calls) == 2

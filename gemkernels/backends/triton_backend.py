@@ -67,6 +67,28 @@ def choose_path(lengths: np.ndarray, d: int) -> str:
     return "fused"
 
 
+def warm_up(dim: int, k: int | None, dtype: torch.dtype = torch.float32, max_rows: int = GRAM_MAX_ROWS,
+            seed: int = 0) -> list[tuple[int, str]]:
+    """Compile, before the first request, the kernels batches of up to ``max_rows`` rows in ``dim`` dimensions
+    will launch: one selection of k steps (None: k = n, until tau) per power-of-two row count, 16 up.
+
+    Returns (rows, path) per selection run. Triton compiles one variant per tile shape on first use (about
+    a second each on a GPU) and caches it on disk; a server runs this at start-up instead of on its first
+    requests."""
+    from ..api import select
+
+    generator = torch.Generator(device=kernel_device()).manual_seed(seed)
+    done = []
+    rows = 16
+    while rows < 2 * max_rows:
+        x = torch.randn(rows, dim, generator=generator, device=kernel_device()).to(dtype)
+        path = OPTIONS.path or choose_path(np.array([rows]), dim)
+        select(x, k=rows if k is None else k, tau=1.0, backend="triton")
+        done.append((rows, path))
+        rows *= 2
+    return done
+
+
 def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor, tau: np.ndarray,
                   capacity: np.ndarray, eps: float) -> PackedSelection:
     """Prepare the packed inputs the kernels share, run the chosen path, return packed results."""
