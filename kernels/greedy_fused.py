@@ -11,30 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pivot import pick_pivot, should_stop
-
-
-@triton.jit
-def _gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, c0, d, stride_x,
-                    FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows c0..c0+BLOCK_N of G[pivot, :] for one session (zeros past n)."""
-    rows = c0 + tl.arange(0, BLOCK_N)
-    m = rows < n
-    if FROM_GRAM:
-        g = tl.load(gram_ptr + pivot.to(tl.int64) * n + rows, mask=m, other=0.0)
-    else:
-        cols = tl.arange(0, BLOCK_D)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        row_ptr = x_ptr + (start + rows).to(tl.int64)[:, None] * stride_x
-        pivot_ptr = x_ptr + (start + pivot).to(tl.int64) * stride_x
-        for d0 in range(0, d, BLOCK_D):
-            cm = d0 + cols < d
-            xt = tl.load(row_ptr + d0 + cols[None, :], mask=m[:, None] & cm[None, :], other=0.0).to(tl.float32)
-            xj = tl.load(pivot_ptr + d0 + cols, mask=cm, other=0.0).to(tl.float32)
-            acc += tl.sum(xt * xj[None, :], axis=1)
-        scale = tl.load(inv_norm_ptr + start + rows, mask=m, other=0.0) * tl.load(inv_norm_ptr + start + pivot)
-        g = acc * scale
-    return g
+from .pivot import gram_row_chunk, pick_pivot, should_stop
 
 
 @triton.jit
@@ -77,7 +54,7 @@ def greedy_fused_kernel(
                 residual_sum = 0.0
                 for c0 in range(0, n, BLOCK_N):
                     m = c0 + rows < n
-                    g = _gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, c0, d, stride_x,
+                    g = gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, c0, d, stride_x,
                                         FROM_GRAM, BLOCK_N, BLOCK_D)
                     for k in range(0, directions):
                         coord_row = coords_ptr + k * total_rows + start

@@ -10,30 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pivot import should_stop
-
-
-@triton.jit
-def _gram_row(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, d, stride_x,
-              FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """G[pivot, :] of one session as a BLOCK_N vector (zeros past n), fp32."""
-    rows = tl.arange(0, BLOCK_N)
-    m = rows < n
-    if FROM_GRAM:
-        g = tl.load(gram_ptr + pivot.to(tl.int64) * n + rows, mask=m, other=0.0)
-    else:
-        cols = tl.arange(0, BLOCK_D)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        row_ptr = x_ptr + (start + rows).to(tl.int64)[:, None] * stride_x
-        pivot_ptr = x_ptr + (start + pivot).to(tl.int64) * stride_x
-        for d0 in range(0, d, BLOCK_D):
-            cm = d0 + cols < d
-            xt = tl.load(row_ptr + d0 + cols[None, :], mask=m[:, None] & cm[None, :], other=0.0).to(tl.float32)
-            xj = tl.load(pivot_ptr + d0 + cols, mask=cm, other=0.0).to(tl.float32)
-            acc += tl.sum(xt * xj[None, :], axis=1)
-        scale = tl.load(inv_norm_ptr + start + rows, mask=m, other=0.0) * tl.load(inv_norm_ptr + start + pivot)
-        g = acc * scale
-    return g
+from .pivot import gram_row_chunk, should_stop
 
 
 @triton.jit
@@ -78,8 +55,8 @@ def greedy_resident_kernel(
             t += 1
             r_pivot = tl.sum(tl.where(at_pivot, residuals, 0.0), axis=0)
             if r_pivot > eps:
-                g = _gram_row(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, d, stride_x,
-                              FROM_GRAM, BLOCK_N, BLOCK_D)
+                g = gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, 0, d, stride_x,
+                                   FROM_GRAM, BLOCK_N, BLOCK_D)
                 c_pivot = tl.sum(tl.where(at_pivot[None, :], projections, 0.0), axis=1)  # C[:, pivot]
                 e = (g - tl.sum(c_pivot[:, None] * projections, axis=0)) / tl.sqrt(r_pivot)
                 e = tl.where(m, e, 0.0)

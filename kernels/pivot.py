@@ -1,4 +1,5 @@
-"""Device helpers shared by the greedy kernels: choose a session's next pivot, record it.
+"""Device helpers shared by the greedy kernels: choose a session's next pivot, test the stop, read
+the pivot's Gram row.
 
 A session's state lives in global memory: residuals (fp32, per row), a candidate flag per
 row (int8: eligible, not protected, not yet selected), the packed ascending protected
@@ -39,3 +40,26 @@ def should_stop(forced, best, t, capacity, coverage, tau, eps):
     """The completion loop's exit test (DESIGN.md §1 step 3); protected steps never stop."""
     stop = (t >= capacity) | (coverage >= tau) | (best <= eps)
     return stop & (forced == 0)
+
+
+@triton.jit
+def gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, c0, d, stride_x,
+                   FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows c0..c0+BLOCK_N of G[pivot, :] for one session (zeros past n)."""
+    rows = c0 + tl.arange(0, BLOCK_N)
+    m = rows < n
+    if FROM_GRAM:
+        g = tl.load(gram_ptr + pivot.to(tl.int64) * n + rows, mask=m, other=0.0)
+    else:
+        cols = tl.arange(0, BLOCK_D)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        row_ptr = x_ptr + (start + rows).to(tl.int64)[:, None] * stride_x
+        pivot_ptr = x_ptr + (start + pivot).to(tl.int64) * stride_x
+        for d0 in range(0, d, BLOCK_D):
+            cm = d0 + cols < d
+            xt = tl.load(row_ptr + d0 + cols[None, :], mask=m[:, None] & cm[None, :], other=0.0).to(tl.float32)
+            xj = tl.load(pivot_ptr + d0 + cols, mask=cm, other=0.0).to(tl.float32)
+            acc += tl.sum(xt * xj[None, :], axis=1)
+        scale = tl.load(inv_norm_ptr + start + rows, mask=m, other=0.0) * tl.load(inv_norm_ptr + start + pivot)
+        g = acc * scale
+    return g
