@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pivot import gram_row_chunk, should_stop
+from .pivot import gram_row_chunk, session_scalars, should_stop
 
 
 @triton.jit
@@ -22,12 +22,8 @@ def greedy_resident_kernel(
 ):
     """One program runs session ``program_id(0)`` from protected seeding to its stop."""
     s = tl.program_id(0)
-    start = tl.load(offsets_ptr + s).to(tl.int32)
-    n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
-    p_start = tl.load(protected_offsets_ptr + s).to(tl.int32)
-    num_protected = tl.load(protected_offsets_ptr + s + 1).to(tl.int32) - p_start
-    tau = tl.load(tau_ptr + s)
-    capacity = tl.load(capacity_ptr + s)
+    start, n, p_start, num_protected, tau, capacity = session_scalars(s, offsets_ptr, protected_offsets_ptr,
+                                                                      tau_ptr, capacity_ptr)
     gram_ptr += tl.load(gram_offsets_ptr + s)
     rows = tl.arange(0, BLOCK_N)
     slots = tl.arange(0, BLOCK_W)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pivot import pick_pivot, should_stop
+from .pivot import pick_pivot, session_scalars, should_stop
 
 
 @triton.jit
@@ -26,15 +26,13 @@ def pivot_direction_kernel(
     s = tl.program_id(0)
     tl.store(adding_ptr + s, tl.zeros([], tl.int8))
     if tl.load(running_ptr + s) != 0:
-        start = tl.load(offsets_ptr + s).to(tl.int32)
-        n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
-        p_start = tl.load(protected_offsets_ptr + s).to(tl.int32)
-        num_protected = tl.load(protected_offsets_ptr + s + 1).to(tl.int32) - p_start
+        start, n, p_start, num_protected, tau, capacity = session_scalars(s, offsets_ptr, protected_offsets_ptr,
+                                                                          tau_ptr, capacity_ptr)
         t = tl.load(counts_ptr + s).to(tl.int32)
         coverage = 1.0 - tl.load(residual_sum_ptr + s) / n
         pivot, forced, best = pick_pivot(residuals_ptr, candidate_ptr, protected_idx_ptr + p_start, start, n, t,
                                          num_protected, BLOCK_N)
-        if should_stop(forced, best, t, tl.load(capacity_ptr + s), coverage, tl.load(tau_ptr + s), eps):
+        if should_stop(forced, best, t, capacity, coverage, tau, eps):
             tl.store(running_ptr + s, tl.zeros([], tl.int8))
         else:
             tl.store(indices_ptr + s.to(tl.int64) * width + t, pivot.to(tl.int64))

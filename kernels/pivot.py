@@ -1,5 +1,5 @@
-"""Device helpers shared by the greedy kernels: choose a session's next pivot, test the stop, read
-the pivot's Gram row.
+"""Device helpers shared by the greedy kernels: read a session's scalars, choose its next pivot,
+test the stop, read the pivot's Gram row.
 
 A session's state lives in global memory: residuals (fp32, per row), a candidate flag per
 row (int8: eligible, not protected, not yet selected), the packed ascending protected
@@ -8,6 +8,16 @@ indices, and its selection row ``indices[s, :]``.
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def session_scalars(s, offsets_ptr, protected_offsets_ptr, tau_ptr, capacity_ptr):
+    """Session ``s``'s (first row, rows, first protected entry, protected count, tau, capacity)."""
+    start = tl.load(offsets_ptr + s).to(tl.int32)
+    n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
+    p_start = tl.load(protected_offsets_ptr + s).to(tl.int32)
+    num_protected = tl.load(protected_offsets_ptr + s + 1).to(tl.int32) - p_start
+    return start, n, p_start, num_protected, tl.load(tau_ptr + s), tl.load(capacity_ptr + s)
 
 
 @triton.jit
