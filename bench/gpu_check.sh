@@ -155,7 +155,7 @@ print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', tor
 if [ $SMOKE -eq 1 ]; then
     stage correctness 120 "$PY" -m pytest tests/test_select.py -x -q -p no:cacheprovider -k "numpy and random"
 else
-    stage correctness 100 "$PY" -m pytest tests/test_select.py tests/test_kernels.py -x -q -p no:cacheprovider
+    stage correctness 120 "$PY" -m pytest tests/test_select.py tests/test_kernels.py -x -q -p no:cacheprovider
 fi
 
 # ---------------------------------------------------------------- 3. headline points, gram tiles, quick sweep

@@ -10,7 +10,7 @@ b. torch on the CPU, 64 sessions of 64 x 384 (tau=0.9, k=16): one ``select_batch
 c. CUDA only: each triton path (gram, fused, stepwise) against the torch backend at S=1024,
    n=256, d=1024, b=16 in fp32 and bf16, and the time to read X once at the measured
    device-to-device copy bandwidth. Skipped, with a note, without a GPU.
-d. CUDA only: the gram path's tile candidates (`GRAM_TILES`) at S=4096, n=256, d=1024, b=16: the Gram
+d. CUDA only: the gram path's tile candidates (`kernels.gram.TILE_CANDIDATES`) at S=4096, n=256, d=1024, b=16: the Gram
    kernel against its byte and flop floors, the whole selection against reading X once.
 
 Contenders of one measurement are timed in interleaved rounds (`gemkernels.bench_timing.compare`), so the
@@ -233,10 +233,6 @@ def bench_gpu(rec: Recorder, repeats: int) -> None:
 
 # --------------------------------------------------------------------------- d. GPU: Gram tiles against their floors
 
-#: Gram tile candidates (BLOCK_M, BLOCK_K, warps, stages), each compiled by ptxas for sm_90 without spills.
-GRAM_TILES = ((64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 4), (128, 32, 8, 3), (128, 32, 8, 4))
-
-
 def bench_gram(rec: Recorder, repeats: int) -> None:
     """The gram path's tile candidates at the headline shape (S=4096, n=256, d=1024, b=16), bf16 and fp32."""
     reason = gpu_unavailable()
@@ -247,16 +243,19 @@ def bench_gram(rec: Recorder, repeats: int) -> None:
     gram_tiles(rec, cases.GPU_HEADLINE, "cuda", repeats)
 
 
-def gram_tiles(rec: Recorder, case: cases.Case, device: str, repeats: int, tiles=GRAM_TILES,
+def gram_tiles(rec: Recorder, case: cases.Case, device: str, repeats: int, tiles=None,
                dtypes=("bfloat16", "float32")) -> None:
-    """Each tile candidate's Gram kernel alone and whole gram-path selection, timed interleaved, against the
-    floors measured here: bytes (read X once, write the n^2 fp32 Gram matrices) at the copy bandwidth, the
-    symmetric product's useful flops (S n (n+1) d) at the matmul rate, and reading X once for the selection."""
+    """Each tile candidate (default: `kernels.gram.TILE_CANDIDATES`) alone and in the whole gram-path selection,
+    timed interleaved, against the floors measured here: bytes (read X once, write the n^2 fp32 Gram matrices)
+    at the copy bandwidth, the symmetric product's useful flops (S n (n+1) d) at the matmul rate, and reading X
+    once for the selection."""
     bandwidth = copy_bandwidth(device, COPY_BYTES if device == "cuda" else 64 << 20, max(3, repeats // 2))
     rec.section(f"d. Gram tiles: {case.sessions} sessions of {case.n} x {case.d}, {case.k} steps, gram path",
                 f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write); tiles (BLOCK_M x BLOCK_K, warps, stages)")
+    from gemkernels.kernels.gram import TILE_CANDIDATES
+
     for dtype in dtypes:
-        gram_tiles_one_dtype(rec, case, device, dtype, bandwidth, repeats, tiles)
+        gram_tiles_one_dtype(rec, case, device, dtype, bandwidth, repeats, tiles or TILE_CANDIDATES)
         if device == "cuda":
             import torch
 
@@ -313,7 +312,7 @@ def gram_tiles_one_dtype(rec: Recorder, case: cases.Case, device: str, dtype: st
         fns[f"gram {name}"], fns[f"select {name}"] = gram, select
     if not fns:
         return
-    first = None  # free the first candidate's Gram matrices before timing
+    g = out = first = None  # free the candidates' Gram matrices before timing
     t = compare(fns, repeats, timer=cuda_call if device == "cuda" else cpu_call)
     for name, check in checks.items():
         computed = 2 * check["tiles"] * check["block_m"] ** 2 * case.d

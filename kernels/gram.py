@@ -54,6 +54,11 @@ def gram_kernel(x_ptr, inv_norm_ptr, offsets_ptr, gram_offsets_ptr, tile_session
     tl.store(gram_ptr + cols[None, :] * n + rows[:, None], acc, mask=inside & (cols[None, :] > rows[:, None]))
 
 
+#: Tile candidates (BLOCK_M, BLOCK_K, warps, stages) for tuning on a GPU (`bench.select_floor --only gram`); each
+#: compiles for sm_90 without register spills (tests/compile_kernels.py). The first is `ragged_gram`'s default.
+TILE_CANDIDATES = ((64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 4), (128, 32, 8, 3), (128, 32, 8, 4))
+
+
 def gram_plan(lengths: np.ndarray, block_m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Host plan: (gram_offsets (S,) int64, tile_session, tile_row, tile_col (T,) int32) for a batch, with
     tile_row <= tile_col: the tiles on and above each session's diagonal."""

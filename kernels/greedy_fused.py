@@ -14,7 +14,7 @@ import triton.language as tl
 from .pivot import gram_row_chunk, pick_pivot, session_scalars, should_stop
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total_rows", "width"])
 def greedy_fused_kernel(
     x_ptr, inv_norm_ptr, gram_ptr, gram_offsets_ptr, offsets_ptr, protected_idx_ptr, protected_offsets_ptr,
     candidate_ptr, tau_ptr, capacity_ptr, residuals_ptr, coords_ptr, indices_ptr, counts_ptr, coverage_ptr,
@@ -32,7 +32,7 @@ def greedy_fused_kernel(
         tl.store(residuals_ptr + start + c0 + rows, tl.full([BLOCK_N], 1.0, tl.float32), mask=c0 + rows < n)
 
     t = 0
-    directions = 0
+    directions = tl.zeros([], dtype=tl.int64)  # int64: directions x total_rows passes 2^31 on big batches
     coverage = 0.0
     running = 1
     while running != 0:
@@ -70,7 +70,7 @@ def greedy_fused_kernel(
 def greedy_fused(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, protected_idx: torch.Tensor,
                  protected_offsets: torch.Tensor, candidate: torch.Tensor, tau: torch.Tensor,
                  capacity: torch.Tensor, eps: float, width: int, gram: torch.Tensor | None = None,
-                 gram_offsets: torch.Tensor | None = None, block_n: int = 128, block_d: int = 64):
+                 gram_offsets: torch.Tensor | None = None, block_n: int = 128, block_d: int = 16):
     """Launch one program per session; returns (indices (S, width) -1 padded, counts, coverage, residuals).
 
     ``candidate`` (int8, one per row) is consumed. With ``gram``/``gram_offsets`` the Gram rows

@@ -6,6 +6,7 @@ step reads only the pivot's Gram row (one row of G, or a pass over X) from memor
 must have at most ``BLOCK_N`` rows and at most ``BLOCK_W`` steps.
 """
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -13,7 +14,7 @@ import triton.language as tl
 from .pivot import gram_row_chunk, session_scalars, should_stop
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["width"])
 def greedy_resident_kernel(
     x_ptr, inv_norm_ptr, gram_ptr, gram_offsets_ptr, offsets_ptr, protected_idx_ptr, protected_offsets_ptr,
     candidate_ptr, tau_ptr, capacity_ptr, residuals_ptr, indices_ptr, counts_ptr, coverage_ptr,
@@ -93,17 +94,21 @@ def resident_fits(n_max: int, width: int, from_gram: bool) -> bool:
 
 def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, protected_idx: torch.Tensor,
                     protected_offsets: torch.Tensor, candidate: torch.Tensor, tau: torch.Tensor,
-                    capacity: torch.Tensor, eps: float, width: int, n_max: int, gram: torch.Tensor | None = None,
-                    gram_offsets: torch.Tensor | None = None, max_block_d: int | None = None):
+                    capacity: torch.Tensor, eps: float, width: int, lengths: np.ndarray,
+                    gram: torch.Tensor | None = None, gram_offsets: torch.Tensor | None = None,
+                    max_block_d: int | None = None):
     """Launch one program per session; returns (indices (S, width) -1 padded, counts, coverage, residuals).
 
-    Every session must have at most ``n_max`` rows; ``max_block_d`` caps the X tile's width (tests cross its
-    edges); ``gram``/``gram_offsets`` as in `greedy_fused`.
+    ``lengths`` are the sessions' row counts (host), which must `resident_fits`; ``max_block_d`` caps the X
+    tile's width (tests cross its edges); ``gram``/``gram_offsets`` as in `greedy_fused`.
     """
+    from_gram = gram is not None
+    n_max = int(np.max(lengths))
+    if not resident_fits(n_max, width, from_gram):
+        raise ValueError(f"sessions of {n_max} rows taking {width} steps do not fit the resident greedy")
     sessions = offsets.numel() - 1
     rows, d = x.shape
     device = x.device
-    from_gram = gram is not None
     block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, from_gram)
     residuals = torch.empty(rows, dtype=torch.float32, device=device)
     indices = torch.full((sessions, width), -1, dtype=torch.int64, device=device)

@@ -15,7 +15,7 @@ import triton.language as tl
 from .pivot import pick_pivot, session_scalars, should_stop
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["width"])
 def pivot_direction_kernel(
     x_ptr, inv_norm_ptr, offsets_ptr, protected_idx_ptr, protected_offsets_ptr, candidate_ptr, tau_ptr,
     capacity_ptr, residuals_ptr, residual_sum_ptr, basis_ptr, adding_ptr, running_ptr, directions_ptr,
@@ -72,7 +72,7 @@ def pivot_direction_kernel(
                 tl.store(adding_ptr + s, tl.full([], 1, tl.int8))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["width"])
 def residual_update_kernel(x_ptr, inv_norm_ptr, offsets_ptr, tile_session_ptr, tile_start_ptr, residuals_ptr,
                            residual_sum_ptr, basis_ptr, adding_ptr, directions_ptr, d, stride_x, width,
                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -86,7 +86,7 @@ def residual_update_kernel(x_ptr, inv_norm_ptr, offsets_ptr, tile_session_ptr, t
         local = tl.load(tile_start_ptr + pid) + tl.arange(0, BLOCK_N)
         m = local < n
         q_ptr = basis_ptr + (s.to(tl.int64) * width + tl.load(directions_ptr + s) - 1) * d
-        x_rows = x_ptr + start.to(tl.int64) * stride_x + local[:, None] * stride_x  # in-session offsets fit int32
+        x_rows = x_ptr + (start + local).to(tl.int64)[:, None] * stride_x
         cols = tl.arange(0, BLOCK_D)
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for d0 in range(0, d, BLOCK_D):
@@ -114,8 +114,11 @@ def row_tiles(lengths: np.ndarray, block_n: int) -> tuple[np.ndarray, np.ndarray
 def greedy_stepwise(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, lengths: np.ndarray,
                     protected_idx: torch.Tensor, protected_offsets: torch.Tensor, candidate: torch.Tensor,
                     tau: torch.Tensor, capacity: torch.Tensor, eps: float, width: int, block_n: int = 128,
-                    block_d: int = 16):
-    """2 launches per step, ``width`` steps, no host synchronisation; same returns as `greedy_fused`."""
+                    block_d: int = 16, pivot_block_d: int = 128):
+    """2 launches per step, ``width`` steps, no host synchronisation; same returns as `greedy_fused`.
+
+    ``block_d`` is the X tile's width in the residual update, ``pivot_block_d`` the chunk of the pivot
+    kernel's one-dimensional loops over d (MGS against the basis)."""
     sessions = offsets.numel() - 1
     rows, d = x.shape
     device = x.device
@@ -132,7 +135,7 @@ def greedy_stepwise(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
         pivot_direction_kernel[(sessions,)](
             x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau, capacity, residuals,
             residual_sum, basis, adding, running, directions, indices, counts, eps, d, x.stride(0), width,
-            BLOCK_N=block_n, BLOCK_D=block_d,
+            BLOCK_N=block_n, BLOCK_D=pivot_block_d,
         )
         residual_update_kernel[(len(tile_session),)](
             x, inv_norm, offsets, tile_session, tile_start, residuals, residual_sum, basis, adding, directions, d,

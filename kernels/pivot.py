@@ -1,9 +1,10 @@
 """Device helpers shared by the greedy kernels: read a session's scalars, choose its next pivot,
 test the stop, read the pivot's Gram row.
 
-A session's state lives in global memory: residuals (fp32, per row), a candidate flag per
-row (int8: eligible, not protected, not yet selected), the packed ascending protected
-indices, and its selection row ``indices[s, :]``.
+``pick_pivot`` reads a session's state from global memory (the fused and stepwise greedies keep
+it there; the resident greedy holds it in registers): residuals (fp32, per row), a candidate
+flag per row (int8: eligible, not protected, not yet selected), the packed ascending protected
+indices; every greedy writes its selection row ``indices[s, :]``.
 """
 
 import triton

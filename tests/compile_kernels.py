@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from gemkernels.kernels.gram import gram_kernel
+from gemkernels.kernels.gram import TILE_CANDIDATES, gram_kernel
 from gemkernels.kernels.greedy_fused import greedy_fused_kernel
 from gemkernels.kernels.greedy_resident import greedy_resident_kernel, resident_blocks, resident_fits
 from gemkernels.kernels.greedy_stepwise import pivot_direction_kernel, residual_update_kernel
@@ -51,7 +51,8 @@ RESIDENT_SHAPES = ((256, 16), (256, 32), (1024, 16), (512, 32), (256, 64), (16, 
 
 
 def variants():
-    """(name, kernel, x pointer type, constexprs, num_warps) at the tiles the triton backend launches."""
+    """(name, kernel, x pointer type, constexprs, num_warps or (num_warps, num_stages)) at the tiles the triton
+    backend launches, and the Gram tile candidates."""
     for x_dtype in ("*fp32", "*fp16", "*bf16"):
         for from_gram in (False, True):
             yield "greedy_fused", greedy_fused_kernel, x_dtype, dict(FROM_GRAM=from_gram, BLOCK_N=128, BLOCK_D=16), 4
@@ -62,10 +63,12 @@ def variants():
                 yield "greedy_resident", greedy_resident_kernel, x_dtype, dict(
                     FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d), num_warps
         precision = "ieee" if x_dtype == "*fp32" else "tf32"
-        for even_k in (True, False):
-            yield "gram", gram_kernel, x_dtype, dict(BLOCK_M=64, BLOCK_K=32, EVEN_K=even_k,
-                                                    INPUT_PRECISION=precision), 4
-        yield "pivot_direction", pivot_direction_kernel, x_dtype, dict(BLOCK_N=128, BLOCK_D=16), 4
+        for i, (block_m, block_k, warps, stages) in enumerate(TILE_CANDIDATES):
+            for even_k in (True, False) if i == 0 else (True,):  # the default both ways, the candidates for d % 32 = 0
+                if i == 0 or x_dtype != "*fp16":
+                    yield "gram", gram_kernel, x_dtype, dict(BLOCK_M=block_m, BLOCK_K=block_k, EVEN_K=even_k,
+                                                            INPUT_PRECISION=precision), (warps, stages)
+        yield "pivot_direction", pivot_direction_kernel, x_dtype, dict(BLOCK_N=128, BLOCK_D=128), 4
         yield "residual_update", residual_update_kernel, x_dtype, dict(BLOCK_N=128, BLOCK_D=16), 4
 
 
@@ -75,14 +78,15 @@ def main(archs: list[int]) -> int:
         return 2
     triton.knobs.nvidia.dump_ptxas_log = True
     triton.knobs.compilation.always_compile = True  # a cached kernel would bring no ptxas log
-    for arch, (name, fn, x_dtype, constexprs, num_warps) in itertools.product(archs, variants()):
+    for arch, (name, fn, x_dtype, constexprs, launch) in itertools.product(archs, variants()):
+        num_warps, num_stages = launch if isinstance(launch, tuple) else (launch, 3)
         log = io.StringIO()
         with contextlib.redirect_stdout(log):
             kernel = triton.compile(source(fn, x_dtype, constexprs), target=GPUTarget("cuda", arch, 32),
-                                    options={"num_warps": num_warps})
+                                    options={"num_warps": num_warps, "num_stages": num_stages})
         registers = re.search(r"Used (\d+) registers", log.getvalue())
         spills = re.search(r"(\d+) bytes spill stores", log.getvalue())
-        print(f"sm_{arch} {name} x={x_dtype} {constexprs} warps={num_warps}: "
+        print(f"sm_{arch} {name} x={x_dtype} {constexprs} warps={num_warps} stages={num_stages}: "
               f"{len(kernel.asm['cubin'])} bytes of cubin, {registers and registers[1]} registers, "
               f"{spills[1] if spills else 0} bytes spilled")
     return 0

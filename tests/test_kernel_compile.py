@@ -23,4 +23,4 @@ def test_every_kernel_compiles_for_sm90_without_spills():
     assert done.returncode == 0, done.stderr[-4000:]
     compiled = re.findall(r"^sm_90 .*bytes of cubin, (\d+) registers, (\d+) bytes spilled$", done.stdout, re.M)
     assert len(compiled) == len(list(variants())) >= 30, done.stdout
-    assert all(0 < int(registers) <= 255 and spilled == "0" for registers, spilled in compiled), done.stdout
+    assert all(spilled == "0" for _, spilled in compiled), done.stdout

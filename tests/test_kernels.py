@@ -27,8 +27,10 @@ def test_gram_plan_lists_each_upper_tile_once():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_ragged_gram_matches_float64_and_is_symmetric(dtype):
-    """Every entry of every session's G_s = X_hat X_hat^T, with tiles smaller than the sessions and d."""
+@pytest.mark.parametrize("block_k", [8, 16])
+def test_ragged_gram_matches_float64_and_is_symmetric(dtype, block_k):
+    """Every entry of every session's G_s = X_hat X_hat^T, with tiles smaller than the sessions and d (24: the
+    unmasked K loop with BLOCK_K 8, the masked one with 16)."""
     from gemkernels.backends.triton_backend import kernel_device
     from gemkernels.kernels.gram import ragged_gram
 
@@ -41,7 +43,7 @@ def test_ragged_gram_matches_float64_and_is_symmetric(dtype):
     xt = torch.from_numpy(x).to(kernel_device())
     inv_norm = torch.from_numpy(1.0 / np.linalg.norm(x.astype(np.float64), axis=1)).float().to(kernel_device())
     gram, gram_offsets = ragged_gram(xt, inv_norm, torch.as_tensor(offsets, device=kernel_device()), lengths,
-                                     block_m=16, block_k=16)
+                                     block_m=16, block_k=block_k)
     gram, gram_offsets = gram.cpu().numpy(), gram_offsets.cpu().numpy()
     assert gram.shape == (int((lengths ** 2).sum()),)
     for s, n in enumerate(lengths.tolist()):
@@ -52,8 +54,8 @@ def test_ragged_gram_matches_float64_and_is_symmetric(dtype):
         np.testing.assert_array_equal(got, got.T)  # mirrored, not computed twice
 
 
-def test_resident_tiles_cover_the_session_and_fit_the_limits():
-    from gemkernels.kernels.greedy_resident import MAX_ELEMENTS, MAX_ROWS, resident_blocks, resident_fits
+def test_resident_tiles_cover_the_session_and_keep_registers_in_budget():
+    from gemkernels.kernels.greedy_resident import resident_blocks, resident_fits
 
     for n_max in (1, 16, 17, 255, 256, 257, 1000, 1024):
         for width in (1, 15, 16, 33, 64, 128, 1000):
@@ -62,12 +64,29 @@ def test_resident_tiles_cover_the_session_and_fit_the_limits():
                 assert block_n >= n_max and block_w >= width
                 assert all(v & (v - 1) == 0 for v in (block_n, block_w, block_d, warps))
                 assert 4 <= warps <= 16 and block_n * block_d <= 512 * warps  # <= 16 X elements a thread
-                fits = n_max <= MAX_ROWS[from_gram] and block_n * block_w <= MAX_ELEMENTS[from_gram]
-                assert resident_fits(n_max, width, from_gram) == fits
-                if fits:  # at most 32 projections a thread from G, 16 beside an X tile
+                if resident_fits(n_max, width, from_gram):  # <= 32 projections a thread from G, 16 beside X
                     assert block_n * block_w <= (32 if from_gram else 16) * 32 * warps
-    assert resident_fits(256, 16, from_gram=False) and resident_fits(1024, 16, from_gram=True)
-    assert not resident_fits(257, 16, from_gram=False) and not resident_fits(1025, 1, from_gram=True)
+
+
+@pytest.mark.parametrize("n_max,width,from_gram,fits", [
+    (256, 16, False, True), (257, 16, False, False), (256, 32, False, False), (64, 64, False, True),
+    (1024, 16, True, True), (1025, 1, True, False), (1024, 32, True, False), (128, 128, True, True),
+    (256, 64, True, True), (256, 128, True, False), (1, 1, False, True)])
+def test_resident_limits(n_max, width, from_gram, fits):
+    """The sessions the resident greedy takes: up to 1,024 rows and 16,384 projections from G, 256 rows and
+    4,096 projections when each step also streams X."""
+    from gemkernels.kernels.greedy_resident import resident_fits
+
+    assert resident_fits(n_max, width, from_gram) == fits
+
+
+def test_resident_greedy_refuses_sessions_it_cannot_hold():
+    from gemkernels.backends.triton_backend import kernel_device
+    from gemkernels.kernels.greedy_resident import greedy_resident
+
+    x = torch.zeros(300, 8, device=kernel_device())
+    with pytest.raises(ValueError, match="300 rows taking 16 steps"):
+        greedy_resident(x, *[None] * 7, eps=1e-6, width=16, lengths=np.array([300]))
 
 
 class KernelSpy:

@@ -276,7 +276,7 @@ def test_triton_paths_match_reference(path, resident, monkeypatch):
 
     assert path in triton_backend.PATHS
     monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(
-        path=path, resident=resident, block_n=16, block_d=16, block_m=16, block_k=16))
+        path=path, resident=resident, block_n=16, block_d=16, pivot_block_d=16, block_m=16, block_k=16))
     launched = []  # which greedy kernel ran: the option must reach it
     for module, name in ((greedy_fused, "greedy_fused"), (greedy_resident, "greedy_resident")):
         kernel = getattr(module, f"{name}_kernel")
@@ -298,8 +298,10 @@ def test_triton_paths_match_reference(path, resident, monkeypatch):
             ref = reference_for(x, ps[s], es[s], float(taus[s]), int(ks[s]))
             c = ref.comparable
             assert sel_idx(a)[:c] == sel_idx(b)[:c], f"{path} session {s}"
-    expected = {"stepwise": set(), "gram": {"greedy_resident" if resident else "greedy_fused"}}
-    assert set(launched) == expected.get(path, expected["gram"])
+    width = max(min(max(k, len(p)), len(x)) for x, p, k in zip(xs, ps, ks.tolist()))  # the batch's capacity
+    fits = greedy_resident.resident_fits(max(ns), width, from_gram=path == "gram")
+    expected = set() if path == "stepwise" else {"greedy_resident" if resident and fits else "greedy_fused"}
+    assert set(launched) == expected
 
 
 class LaunchSpy:

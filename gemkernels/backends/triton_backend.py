@@ -27,17 +27,23 @@ GRAM_MAX_ROWS = 1024
 GRAM_MAX_BYTES = 2 << 30
 #: Below this many sessions per SM-sized worker, a long session is better split over row tiles.
 STEPWISE_MIN_ROWS = 8192
+#: Width of the X tiles the fused and stepwise passes stream (128 x 16: no register spills on sm_90).
+STREAM_BLOCK_D = 16
+#: In-session offsets of the Gram kernel are int32: one session's n x d must stay below this.
+GRAM_MAX_SESSION_ELEMENTS = 2 ** 31
 
 
 @dataclass(frozen=True)
 class TritonOptions:
     """Path (None: `choose_path`), register-resident greedy state when it fits (gram and fused paths), and tile
-    sizes; tests shrink the tiles to cross chunk edges."""
+    sizes (``block_d`` None: `STREAM_BLOCK_D` for the streamed X tiles, the resident greedy's own choice);
+    tests shrink the tiles to cross chunk edges."""
 
     path: str | None = None
     resident: bool = True
     block_n: int = 128
-    block_d: int = 16
+    block_d: int | None = None
+    pivot_block_d: int = 128
     block_m: int = 64
     block_k: int = 32
     gram_warps: int = 4
@@ -70,7 +76,8 @@ def choose_path(lengths: np.ndarray, d: int) -> str:
 def warm_up(dim: int, k: int | None, dtype: torch.dtype = torch.float32, max_rows: int = GRAM_MAX_ROWS,
             seed: int = 0) -> list[tuple[int, str]]:
     """Compile, before the first request, the kernels batches of up to ``max_rows`` rows in ``dim`` dimensions
-    will launch: one selection of k steps (None: k = n, until tau) per power-of-two row count, 16 up.
+    will launch: one selection of k steps (None: k = n, as presets that select until tau use) per power-of-two
+    row count, 16 up.
 
     Returns (rows, path) per selection run. Triton compiles one variant per tile shape on first use (about
     a second each on a GPU) and caches it on disk; a server runs this at start-up instead of on its first
@@ -118,21 +125,23 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     tau_t = torch.as_tensor(tau, dtype=torch.float32, device=device)
     capacity_t = torch.as_tensor(capacity.astype(np.int32), device=device)
     width = int(capacity.max())
-    common = dict(eps=eps, width=width, block_n=options.block_n, block_d=options.block_d)
+    common = dict(eps=eps, width=width, block_n=options.block_n, block_d=options.block_d or STREAM_BLOCK_D)
     if path == "stepwise":
         out = greedy_stepwise(x, inv_norm, offsets, batch.lengths, protected_idx, protected_offsets, candidate,
-                              tau_t, capacity_t, **common)
+                              tau_t, capacity_t, pivot_block_d=options.pivot_block_d, **common)
     else:
         gram = gram_offsets = None
         if path == "gram":
+            if int(batch.lengths.max()) * batch.dim >= GRAM_MAX_SESSION_ELEMENTS:
+                raise ValueError(f"the gram path takes sessions of fewer than {GRAM_MAX_SESSION_ELEMENTS} elements "
+                                 f"(n x d); the longest here has {int(batch.lengths.max()) * batch.dim}")
             gram, gram_offsets = ragged_gram(x, inv_norm, offsets, batch.lengths, block_m=options.block_m,
                                               block_k=options.block_k, num_warps=options.gram_warps,
                                               num_stages=options.gram_stages)
-        n_max = int(batch.lengths.max())
         args = (x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t)
-        if options.resident and resident_fits(n_max, width, from_gram=gram is not None):
-            out = greedy_resident(*args, eps=eps, width=width, n_max=n_max, gram=gram, gram_offsets=gram_offsets,
-                                  max_block_d=options.block_d)
+        if options.resident and resident_fits(int(batch.lengths.max()), width, from_gram=gram is not None):
+            out = greedy_resident(*args, eps=eps, width=width, lengths=batch.lengths, gram=gram,
+                                  gram_offsets=gram_offsets, max_block_d=options.block_d)
         else:
             out = greedy_fused(*args, gram=gram, gram_offsets=gram_offsets, **common)
     return PackedSelection(*out)
