@@ -97,6 +97,12 @@ class RaggedBatch:
                                      enumerate(zip(per_session if eligible is None else eligible, lengths))]),
         )
 
+    def sessions(self, first: int, stop: int) -> RaggedBatch:
+        """Sessions ``first .. stop-1`` as a batch of their own (``values`` a view)."""
+        a, b = int(self.offsets[first]), int(self.offsets[stop])
+        return RaggedBatch(self.values[a:b], self.offsets[first:stop + 1] - a, self.protected[a:b],
+                           self.eligible[a:b])
+
     def to_list(self) -> list[tuple[Any, np.ndarray, np.ndarray]]:
         """Per-session ``(x, protected_mask, eligible_mask)``; ``x`` are views of ``values``."""
         return [(self.values[a:b], self.protected[a:b], self.eligible[a:b])

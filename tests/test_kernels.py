@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from test_select import backend_marks
 
@@ -117,3 +119,40 @@ def test_warm_up_launches_one_variant_per_row_bucket(monkeypatch):
     launched.clear()
     triton_backend.warm_up(24, k=None, max_rows=16)  # k = n: the step tile follows the rows
     assert [(c["BLOCK_N"], c["BLOCK_W"]) for c in launched] == [(16, 16)]
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.integers(1, 8000))
+def test_gram_groups_cover_the_batch_within_budget(lengths, budget):
+    from gemkernels.backends.triton_backend import gram_groups
+
+    groups = gram_groups(np.array(lengths), budget)
+    assert groups[0][0] == 0 and groups[-1][1] == len(lengths)
+    assert all(a < b for a, b in groups) and all(b == a2 for (_, b), (a2, _) in zip(groups, groups[1:]))
+    for a, b in groups:
+        used = 4 * sum(n * n for n in lengths[a:b])
+        assert used <= budget or b == a + 1  # over the budget only as a session of its own
+        if b < len(lengths):
+            assert used + 4 * lengths[b] ** 2 > budget  # greedy: the next session would not have fitted
+
+
+def test_gram_path_over_budget_runs_in_groups_with_the_same_answers(monkeypatch):
+    """A batch whose Gram matrices pass GRAM_MAX_BYTES: several launches, each session's answer bit for bit the
+    one it gets in a single launch."""
+    import gemkernels as gk
+    from gemkernels.backends import triton_backend
+    from gemkernels.kernels import gram
+
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((n, 24)).astype(np.float32) for n in (17, 3, 20, 1, 12)]
+    ps = [[0], [], [4, 19], [0], []]
+    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path="gram"))
+    whole = gk.select_batch(xs, protected=ps, tau=0.95, k=6, backend="triton")
+    launches = []
+    monkeypatch.setattr(gram, "gram_kernel", KernelSpy(gram.gram_kernel, launches))
+    monkeypatch.setattr(triton_backend, "GRAM_MAX_BYTES", 4 * 20 * 20)
+    grouped = gk.select_batch(xs, protected=ps, tau=0.95, k=6, backend="triton")
+    assert len(launches) == len(triton_backend.gram_groups(np.array([17, 3, 20, 1, 12]), 4 * 20 * 20)) == 3
+    for a, b in zip(whole, grouped):
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_array_equal(a.residuals, b.residuals)
+        assert a.coverage == b.coverage and a.stop == b.stop

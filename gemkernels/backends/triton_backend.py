@@ -23,7 +23,7 @@ PATHS = ("gram", "fused", "stepwise")
 
 #: Largest session whose Gram matrix the ``gram`` path builds (n^2 fp32 = 4 MiB).
 GRAM_MAX_ROWS = 1024
-#: Budget for all packed Gram matrices of one batch, in bytes.
+#: Budget for the packed Gram matrices of one launch, in bytes: larger batches run in groups of sessions.
 GRAM_MAX_BYTES = 2 << 30
 #: Below this many sessions per SM-sized worker, a long session is better split over row tiles.
 STEPWISE_MIN_ROWS = 8192
@@ -61,12 +61,12 @@ def kernel_device() -> torch.device:
 def choose_path(lengths: np.ndarray, d: int) -> str:
     """Shape rule (provisional until measured on a GPU, see bench/RESULTS.md).
 
-    gram when every session is at most GRAM_MAX_ROWS rows, no longer than d (one GEMM beats
-    b passes over X), and the Gram matrices fit the budget; stepwise for a handful of very
-    long sessions (too few programs to fill the GPU); fused otherwise.
+    gram when every session is at most GRAM_MAX_ROWS rows and no longer than d (one GEMM beats
+    b passes over X; batches whose Gram matrices pass GRAM_MAX_BYTES run in groups); stepwise
+    for a handful of very long sessions (too few programs to fill the GPU); fused otherwise.
     """
     n_max = int(lengths.max())
-    if n_max <= min(GRAM_MAX_ROWS, d) and 4 * int((lengths.astype(np.int64) ** 2).sum()) <= GRAM_MAX_BYTES:
+    if n_max <= min(GRAM_MAX_ROWS, d):
         return "gram"
     if n_max >= STEPWISE_MIN_ROWS and len(lengths) < 32:
         return "stepwise"
@@ -96,6 +96,36 @@ def warm_up(dim: int, k: int | None, dtype: torch.dtype = torch.float32, max_row
     return done
 
 
+def gram_groups(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
+    """Contiguous session ranges ``(first, stop)`` whose fp32 Gram matrices take at most ``budget`` bytes each
+    (or one session's, if that alone is more)."""
+    sizes = (4 * lengths.astype(np.int64) ** 2).tolist()
+    if sum(sizes) <= budget:
+        return [(0, len(sizes))]
+    groups, first, used = [], 0, 0
+    for s, size in enumerate(sizes):
+        if used and used + size > budget:
+            groups.append((first, s))
+            first, used = s, 0
+        used += size
+    return groups + [(first, len(sizes))]
+
+
+def select_in_groups(groups: list[tuple[int, int]], batch: RaggedBatch, values: torch.Tensor,
+                     sq_norms: torch.Tensor, tau: np.ndarray, capacity: np.ndarray, eps: float) -> PackedSelection:
+    """`select_packed` on each group of sessions, its packed results joined (indices padded to one width)."""
+    parts = []
+    for first, stop in groups:
+        a, b = int(batch.offsets[first]), int(batch.offsets[stop])
+        parts.append(select_packed(batch.sessions(first, stop), values[a:b], sq_norms[a:b], tau[first:stop],
+                                   capacity[first:stop], eps))
+    width = int(capacity.max())
+    indices = torch.cat([torch.nn.functional.pad(p.indices, (0, width - p.indices.shape[1]), value=-1)
+                         for p in parts])
+    return PackedSelection(indices, *(torch.cat([getattr(p, f) for p in parts])
+                                      for f in ("counts", "coverage", "residuals")))
+
+
 def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor, tau: np.ndarray,
                   capacity: np.ndarray, eps: float) -> PackedSelection:
     """Prepare the packed inputs the kernels share, run the chosen path, return packed results."""
@@ -108,6 +138,9 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     path = options.path or choose_path(batch.lengths, batch.dim)
     if path not in PATHS:
         raise ValueError(f"unknown triton path {path!r}; choose one of {PATHS}")
+    groups = gram_groups(batch.lengths, GRAM_MAX_BYTES) if path == "gram" else [(0, batch.num_sessions)]
+    if len(groups) > 1:
+        return select_in_groups(groups, batch, values, sq_norms, tau, capacity, eps)
     x = values
     if x.dtype == torch.float64 or (x.dtype == torch.bfloat16 and not x.is_cuda):
         x = x.float()  # no fp64 kernels; Triton's CPU interpreter has no bf16 arithmetic
