@@ -164,10 +164,15 @@ def make_batch(values: Any, n: int) -> RaggedBatch:
 def memory_need(point: Point, contenders: list[str], copies: int, device: str) -> dict[str, int]:
     """Conservative peak bytes per memory ("cpu" host, "cuda" device) for ``copies`` inputs plus the
     largest backend's workspace: torch pads and normalises in fp32 (about 3 fp32 copies of X), triton
-    takes one fp32 temporary (plus the n^2 Gram matrices for gram), numpy widens fp16 to fp32."""
+    takes one fp32 temporary (plus the n^2 Gram matrices for gram, launched in groups that fit its budget),
+    numpy widens fp16 to fp32."""
     x32 = point.sessions * point.n * point.d * 4
-    work = {"torch": 3 * x32, "triton-gram": x32 + 4 * point.sessions * point.n ** 2,
-            "triton-fused": x32, "triton-stepwise": x32}
+    gram = 4 * point.sessions * point.n ** 2
+    if any(c.startswith("triton-gram") for c in contenders):
+        from .backends.triton_backend import GRAM_MAX_BYTES
+
+        gram = min(gram, GRAM_MAX_BYTES + 4 * point.n ** 2)
+    work = {"torch": 3 * x32, "triton-gram": x32 + gram, "triton-fused": x32, "triton-stepwise": x32}
     work |= {c: work[c.removesuffix(GLOBAL_STATE)] + 4 * point.sessions * point.n * point.b for c in VARIANTS}
     need = {device: copies * point.x_bytes + max([x32 if point.dtype != "fp32" else 0] +
                                                   [work[c] for c in contenders if c in work])}

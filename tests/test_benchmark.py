@@ -320,3 +320,15 @@ def test_nvml_info_reads_a_device_and_reports_failures(monkeypatch):
     assert calls == ["init", "shutdown"]
     fake.nvmlInit = lambda: (_ for _ in ()).throw(NVMLError("Driver Not Loaded"))
     assert bench_machine.nvml_info(0) == "nvmlInit failed: Driver Not Loaded"
+
+
+def test_gram_workspace_is_planned_at_its_group_budget():
+    """The gram path launches groups whose Gram matrices fit GRAM_MAX_BYTES, so a point plans for that much, not
+    for every session's n^2 at once (8192 x 1024^2 fp32 would be 32 GiB)."""
+    pytest.importorskip("torch")
+    from gemkernels.backends.triton_backend import GRAM_MAX_BYTES
+
+    big, small = Point("fixed", "fp32", 8192, 1024, 384, 16), Point("fixed", "fp32", 4, 64, 384, 16)
+    for point, gram in ((big, GRAM_MAX_BYTES + 4 * 1024 ** 2), (small, 4 * 4 * 64 ** 2)):
+        x32 = point.sessions * point.n * point.d * 4
+        assert bench_point.memory_need(point, ["triton-gram"], 2, "cuda") == {"cuda": 2 * point.x_bytes + x32 + gram}
