@@ -15,21 +15,13 @@ import triton.language as tl
 
 
 @triton.jit
-def gram_kernel(x_ptr, inv_norm_ptr, offsets_ptr, gram_offsets_ptr, tile_session_ptr, tile_row_ptr, tile_col_ptr,
-                gram_ptr, d, stride_x,
-                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Program ``i`` writes one BLOCK_M x BLOCK_M tile of one session's Gram matrix and its mirror image.
+def tile_product(x_ptr, rows, cols, n, d, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """``X[rows] X[cols]^T`` (BLOCK_M x BLOCK_M, fp32) of one session whose first row is at ``x_ptr``.
 
     Rows past the session wrap around (``% n``, as in Triton's matmul tutorial) instead of being masked, so
-    the loads are unmasked when ``EVEN_K`` (BLOCK_K divides d); the stores drop the wrapped rows."""
-    pid = tl.program_id(0)
-    s = tl.load(tile_session_ptr + pid)
-    start = tl.load(offsets_ptr + s).to(tl.int32)
-    n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
-    rows = tl.load(tile_row_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.load(tile_col_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
+    the loads are unmasked when ``EVEN_K`` (BLOCK_K divides d); callers drop or zero the wrapped rows."""
     ks = tl.arange(0, BLOCK_K)
-    x_ptr += start.to(tl.int64) * stride_x  # the session's rows; offsets inside it fit int32 (n d < 2^31)
     a_ptr = x_ptr + (rows % n)[:, None] * stride_x + ks[None, :]  # BLOCK_M x BLOCK_K
     b_ptr = x_ptr + (cols % n)[None, :] * stride_x + ks[:, None]  # BLOCK_K x BLOCK_M: X^T's tile
     acc = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
@@ -43,6 +35,22 @@ def gram_kernel(x_ptr, inv_norm_ptr, offsets_ptr, gram_offsets_ptr, tile_session
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         a_ptr += BLOCK_K
         b_ptr += BLOCK_K
+    return acc
+
+
+@triton.jit
+def gram_kernel(x_ptr, inv_norm_ptr, offsets_ptr, gram_offsets_ptr, tile_session_ptr, tile_row_ptr, tile_col_ptr,
+                gram_ptr, d, stride_x,
+                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Program ``i`` writes one BLOCK_M x BLOCK_M tile of one session's Gram matrix and its mirror image."""
+    pid = tl.program_id(0)
+    s = tl.load(tile_session_ptr + pid)
+    start = tl.load(offsets_ptr + s).to(tl.int32)
+    n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
+    rows = tl.load(tile_row_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.load(tile_col_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tile_product(x_ptr + start.to(tl.int64) * stride_x, rows, cols, n, d, stride_x, BLOCK_M, BLOCK_K, EVEN_K,
+                       INPUT_PRECISION)
     scale_r = tl.load(inv_norm_ptr + start + rows, mask=rows < n, other=0.0)
     scale_c = tl.load(inv_norm_ptr + start + cols, mask=cols < n, other=0.0)
     acc = acc * scale_r[:, None] * scale_c[None, :]
@@ -52,6 +60,22 @@ def gram_kernel(x_ptr, inv_norm_ptr, offsets_ptr, gram_offsets_ptr, tile_session
     inside = (rows < n)[:, None] & (cols < n)[None, :]
     tl.store(gram_ptr + rows[:, None] * n + cols[None, :], acc, mask=inside & (cols[None, :] >= rows[:, None]))
     tl.store(gram_ptr + cols[None, :] * n + rows[:, None], acc, mask=inside & (cols[None, :] > rows[:, None]))
+
+
+@triton.jit
+def session_gram(x_ptr, inv_norm_ptr, start, n, d, stride_x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """One whole session's Gram matrix of normalised rows, BLOCK_N x BLOCK_N in registers (zeros past n)."""
+    rows = tl.arange(0, BLOCK_N)
+    acc = tile_product(x_ptr + start.to(tl.int64) * stride_x, rows, rows, n, d, stride_x, BLOCK_N, BLOCK_K, EVEN_K,
+                       INPUT_PRECISION)
+    scale = tl.load(inv_norm_ptr + start + rows, mask=rows < n, other=0.0)
+    return acc * scale[:, None] * scale[None, :]
+
+
+def input_precision(dtype: torch.dtype) -> str:
+    """tl.dot's precision for X of this dtype: full fp32 ("ieee") for fp32/fp64, tensor cores otherwise."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
 #: Tile candidates (BLOCK_M, BLOCK_K, warps, stages) for tuning on a GPU (`bench.select_floor --only gram`); each
@@ -83,11 +107,10 @@ def ragged_gram(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, 
     device = x.device
     gram = torch.empty(int((np.asarray(lengths, dtype=np.int64) ** 2).sum()), dtype=torch.float32, device=device)
     gram_offsets_t = torch.as_tensor(gram_offsets, device=device)
-    precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"
     gram_kernel[(len(tile_session),)](
         x, inv_norm, offsets, gram_offsets_t, torch.as_tensor(tile_session, device=device),
         torch.as_tensor(tile_row, device=device), torch.as_tensor(tile_col, device=device), gram,
         x.shape[1], x.stride(0), BLOCK_M=block_m, BLOCK_K=block_k, EVEN_K=x.shape[1] % block_k == 0,
-        INPUT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+        INPUT_PRECISION=input_precision(x.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     return gram, gram_offsets_t

@@ -1,9 +1,11 @@
 """The whole greedy of a short session with its state in registers (one program per session).
 
 Same pivoted partial Cholesky as ``greedy_fused``, but the residuals, candidate flags and the
-projections ``C`` (``BLOCK_W x BLOCK_N``, one row per direction) never leave the program: a
-step reads only the pivot's Gram row (one row of G, or a pass over X) from memory. Sessions
-must have at most ``BLOCK_N`` rows and at most ``BLOCK_W`` steps.
+projections ``C`` (``BLOCK_W x BLOCK_N``, one row per direction) never leave the program. The
+pivot's Gram row comes from ``SOURCE``: ``"gram"`` reads one row of a precomputed G, ``"x"``
+makes one pass over the session's X, ``"chip"`` takes it from the session's whole G, computed
+by the program itself on tensor cores (X read once, nothing else from memory). Sessions must
+have at most ``BLOCK_N`` rows and at most ``BLOCK_W`` steps (`resident_fits`).
 """
 
 import numpy as np
@@ -11,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .gram import input_precision, session_gram
 from .pivot import gram_row_chunk, session_scalars, should_stop
 
 
@@ -19,7 +22,8 @@ def greedy_resident_kernel(
     x_ptr, inv_norm_ptr, gram_ptr, gram_offsets_ptr, offsets_ptr, protected_idx_ptr, protected_offsets_ptr,
     candidate_ptr, tau_ptr, capacity_ptr, residuals_ptr, indices_ptr, counts_ptr, coverage_ptr,
     eps, d, stride_x, width,
-    FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
+    SOURCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """One program runs session ``program_id(0)`` from protected seeding to its stop."""
     s = tl.program_id(0)
@@ -30,6 +34,8 @@ def greedy_resident_kernel(
     slots = tl.arange(0, BLOCK_W)
     m = rows < n
 
+    if SOURCE == "chip":
+        gram = session_gram(x_ptr, inv_norm_ptr, start, n, d, stride_x, BLOCK_N, BLOCK_D, EVEN_D, INPUT_PRECISION)
     residuals = tl.where(m, 1.0, 0.0)
     candidate = tl.load(candidate_ptr + start + rows, mask=m, other=0) != 0
     projections = tl.zeros([BLOCK_W, BLOCK_N], dtype=tl.float32)  # C: row k = direction k's coordinates
@@ -52,8 +58,11 @@ def greedy_resident_kernel(
             t += 1
             r_pivot = tl.sum(tl.where(at_pivot, residuals, 0.0), axis=0)
             if r_pivot > eps:
-                g = gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, 0, d, stride_x,
-                                   FROM_GRAM, BLOCK_N, BLOCK_D)
+                if SOURCE == "chip":
+                    g = tl.sum(tl.where(at_pivot[:, None], gram, 0.0), axis=0)
+                else:
+                    g = gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, 0, d, stride_x,
+                                       SOURCE == "gram", BLOCK_N, BLOCK_D)
                 c_pivot = tl.sum(tl.where(at_pivot[None, :], projections, 0.0), axis=1)  # C[:, pivot]
                 e = (g - tl.sum(c_pivot[:, None] * projections, axis=0)) / tl.sqrt(r_pivot)
                 e = tl.where(m, e, 0.0)
@@ -66,60 +75,69 @@ def greedy_resident_kernel(
     tl.store(coverage_ptr + s, coverage)
 
 
-def resident_blocks(n_max: int, width: int, from_gram: bool) -> tuple[int, int, int, int]:
+#: Sources of the pivot's Gram row (see the module docstring).
+SOURCES = ("gram", "x", "chip")
+#: Per source: the largest session, and the largest projections tile (rows x steps, fp32) kept in registers;
+#: beyond them ptxas spills (tests/compile_kernels.py).
+MAX_ROWS = {"gram": 1024, "x": 256, "chip": 64}
+MAX_ELEMENTS = {"gram": 16384, "x": 4096, "chip": 4096}
+
+
+def resident_blocks(n_max: int, width: int, source: str) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_W, BLOCK_D, num_warps) for sessions of up to n_max rows and width steps.
 
     One warp per 32 rows, and enough warps (4 to 16) that a thread holds at most 32 projections of C
-    (16 when the step also streams an X tile); the X tile holds 16 elements a thread. That keeps ptxas
-    under its register limit without spills (tests/compile_kernels.py reports both)."""
+    (16 when the step also streams an X tile) and 64 entries of an on-chip G; an X tile holds 16
+    elements a thread (BLOCK_D: its width; for "chip" the K step of the Gram product). That keeps
+    ptxas under its register limit without spills (tests/compile_kernels.py reports both)."""
     block_n = triton.next_power_of_2(max(n_max, 16))
     block_w = triton.next_power_of_2(max(width, 1))
-    per_thread = 32 if from_gram else 16
-    num_warps = max(4, min(16, max(block_n // 32, block_n * block_w // (32 * per_thread))))
-    block_d = max(8, min(64, 512 * num_warps // block_n))
+    per_thread = 16 if source == "x" else 32
+    gram_warps = block_n * block_n // (32 * 64) if source == "chip" else 0
+    num_warps = max(4, min(16, max(block_n // 32, block_n * block_w // (32 * per_thread), gram_warps)))
+    block_d = 32 if source == "chip" else max(8, min(64, 512 * num_warps // block_n))
     return block_n, block_w, block_d, num_warps
 
 
-#: Per source of Gram rows (from G, or a pass over X): the largest session, and the largest projections tile
-#: (rows x steps, fp32) kept in registers; beyond them ptxas spills (tests/compile_kernels.py).
-MAX_ROWS = {True: 1024, False: 256}
-MAX_ELEMENTS = {True: 16384, False: 4096}
-
-
-def resident_fits(n_max: int, width: int, from_gram: bool) -> bool:
-    """Whether sessions of up to ``n_max`` rows taking up to ``width`` steps fit `greedy_resident`."""
-    block_n, block_w, _, _ = resident_blocks(n_max, width, from_gram)
-    return n_max <= MAX_ROWS[from_gram] and block_n * block_w <= MAX_ELEMENTS[from_gram]
+def resident_fits(n_max: int, width: int, source: str) -> bool:
+    """Whether sessions of up to ``n_max`` rows taking up to ``width`` steps fit `greedy_resident` from
+    ``source``."""
+    block_n, block_w, _, _ = resident_blocks(n_max, width, source)
+    return n_max <= MAX_ROWS[source] and block_n * block_w <= MAX_ELEMENTS[source]
 
 
 def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, protected_idx: torch.Tensor,
                     protected_offsets: torch.Tensor, candidate: torch.Tensor, tau: torch.Tensor,
-                    capacity: torch.Tensor, eps: float, width: int, lengths: np.ndarray,
+                    capacity: torch.Tensor, eps: float, width: int, lengths: np.ndarray, source: str,
                     gram: torch.Tensor | None = None, gram_offsets: torch.Tensor | None = None,
                     max_block_d: int | None = None):
     """Launch one program per session; returns (indices (S, width) -1 padded, counts, coverage, residuals).
 
-    ``lengths`` are the sessions' row counts (host), which must `resident_fits`; ``max_block_d`` caps the X
-    tile's width (tests cross its edges); ``gram``/``gram_offsets`` as in `greedy_fused`.
+    ``lengths`` are the sessions' row counts (host), which must `resident_fits` ``source``; ``gram`` and
+    ``gram_offsets`` (as in `greedy_fused`) for source "gram"; ``max_block_d`` caps the X tile's width
+    (tests cross its edges).
     """
-    from_gram = gram is not None
+    if source not in SOURCES or (gram is not None) != (source == "gram"):
+        raise ValueError(f"source must be one of {SOURCES}, with a Gram matrix exactly for 'gram'; got {source!r}")
     n_max = int(np.max(lengths))
-    if not resident_fits(n_max, width, from_gram):
-        raise ValueError(f"sessions of {n_max} rows taking {width} steps do not fit the resident greedy")
+    if not resident_fits(n_max, width, source):
+        raise ValueError(f"sessions of {n_max} rows taking {width} steps do not fit the resident greedy "
+                         f"from {source!r}")
     sessions = offsets.numel() - 1
     rows, d = x.shape
     device = x.device
-    block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, from_gram)
+    block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, source)
+    block_d = min(block_d, max_block_d or block_d)
     residuals = torch.empty(rows, dtype=torch.float32, device=device)
     indices = torch.full((sessions, width), -1, dtype=torch.int64, device=device)
     counts = torch.empty(sessions, dtype=torch.int64, device=device)
     coverage = torch.empty(sessions, dtype=torch.float32, device=device)
-    if not from_gram:
+    if gram is None:
         gram, gram_offsets = residuals, torch.zeros(sessions, dtype=torch.int64, device=device)
     greedy_resident_kernel[(sessions,)](
         x, inv_norm, gram, gram_offsets, offsets, protected_idx, protected_offsets, candidate, tau, capacity,
         residuals, indices, counts, coverage, eps, d, x.stride(0), width,
-        FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=min(block_d, max_block_d or block_d),
-        num_warps=num_warps,
+        SOURCE=source, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d, EVEN_D=d % block_d == 0,
+        INPUT_PRECISION=input_precision(x.dtype), num_warps=num_warps,
     )
     return indices, counts, coverage, residuals

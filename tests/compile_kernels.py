@@ -18,7 +18,7 @@ from triton.compiler import ASTSource
 
 from gemkernels.kernels.gram import TILE_CANDIDATES, gram_kernel
 from gemkernels.kernels.greedy_fused import greedy_fused_kernel
-from gemkernels.kernels.greedy_resident import greedy_resident_kernel, resident_blocks, resident_fits
+from gemkernels.kernels.greedy_resident import SOURCES, greedy_resident_kernel, resident_blocks, resident_fits
 from gemkernels.kernels.greedy_stepwise import pivot_direction_kernel, residual_update_kernel
 
 INTS = {"i32": ("d", "stride_x", "total_rows", "width", "n"), "fp32": ("eps",)}
@@ -45,9 +45,10 @@ def source(fn, x_dtype: str, constexprs: dict) -> ASTSource:
                      constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
 
 
-#: Sessions (rows, steps) for the register-resident greedy: the headline, the largest tiles it takes, the least,
-#: and k = n (the cache-aware preset selects until tau).
-RESIDENT_SHAPES = ((256, 16), (256, 32), (1024, 16), (512, 32), (256, 64), (16, 16), (128, 128), (64, 64))
+#: Sessions (rows, steps) for the register-resident greedy: the headline, the largest tiles it takes per source,
+#: the least, and k = n (the cache-aware preset selects until tau).
+RESIDENT_SHAPES = ((256, 16), (256, 32), (1024, 16), (512, 32), (256, 64), (16, 16), (128, 128), (64, 64),
+                   (128, 16), (128, 32))
 
 
 def variants():
@@ -56,12 +57,12 @@ def variants():
     for x_dtype in ("*fp32", "*fp16", "*bf16"):
         for from_gram in (False, True):
             yield "greedy_fused", greedy_fused_kernel, x_dtype, dict(FROM_GRAM=from_gram, BLOCK_N=128, BLOCK_D=16), 4
-            for n_max, width in RESIDENT_SHAPES:
-                if not resident_fits(n_max, width, from_gram):
-                    continue
-                block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, from_gram)
+        for source, (n_max, width) in itertools.product(SOURCES, RESIDENT_SHAPES):
+            if resident_fits(n_max, width, source):
+                block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, source)
                 yield "greedy_resident", greedy_resident_kernel, x_dtype, dict(
-                    FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d), num_warps
+                    SOURCE=source, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d, EVEN_D=True,
+                    INPUT_PRECISION="ieee" if x_dtype == "*fp32" else "tf32"), num_warps
         precision = "ieee" if x_dtype == "*fp32" else "tf32"
         for i, (block_m, block_k, warps, stages) in enumerate(TILE_CANDIDATES):
             for even_k in (True, False) if i == 0 else (True,):  # the default both ways, the candidates for d % 32 = 0

@@ -27,3 +27,16 @@ class CountingEncoder(HashEncoder):
     def encode(self, texts):
         self.seen.extend(texts)
         return super().encode(texts)
+
+
+class KernelSpy:
+    """Stands in for a Triton kernel: records each launch as ``(name, constexprs)``, then launches the kernel."""
+
+    def __init__(self, kernel, name: str, log: list):
+        self.kernel, self.name, self.log = kernel, name, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append((self.name, {k: v for k, v in kwargs.items() if k.isupper()}))
+            return self.kernel[grid](*args, **kwargs)
+        return launch

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import KernelSpy
 from test_select import backend_marks
 
 pytestmark = backend_marks("triton")
@@ -57,29 +58,32 @@ def test_ragged_gram_matches_float64_and_is_symmetric(dtype, block_k):
 
 
 def test_resident_tiles_cover_the_session_and_keep_registers_in_budget():
-    from gemkernels.kernels.greedy_resident import resident_blocks, resident_fits
+    from gemkernels.kernels.greedy_resident import SOURCES, resident_blocks, resident_fits
 
     for n_max in (1, 16, 17, 255, 256, 257, 1000, 1024):
         for width in (1, 15, 16, 33, 64, 128, 1000):
-            for from_gram in (True, False):
-                block_n, block_w, block_d, warps = resident_blocks(n_max, width, from_gram)
+            for source in SOURCES:
+                block_n, block_w, block_d, warps = resident_blocks(n_max, width, source)
                 assert block_n >= n_max and block_w >= width
                 assert all(v & (v - 1) == 0 for v in (block_n, block_w, block_d, warps))
-                assert 4 <= warps <= 16 and block_n * block_d <= 512 * warps  # <= 16 X elements a thread
-                if resident_fits(n_max, width, from_gram):  # <= 32 projections a thread from G, 16 beside X
-                    assert block_n * block_w <= (32 if from_gram else 16) * 32 * warps
+                assert 4 <= warps <= 16
+                if resident_fits(n_max, width, source):  # <= 32 projections a thread, 16 beside X
+                    assert block_n * block_d <= 512 * warps  # <= 16 elements of an X tile a thread
+                    assert block_n * block_w <= (16 if source == "x" else 32) * 32 * warps
+                    assert source != "chip" or block_n * block_n <= 64 * 32 * warps  # <= 64 of G a thread
 
 
-@pytest.mark.parametrize("n_max,width,from_gram,fits", [
-    (256, 16, False, True), (257, 16, False, False), (256, 32, False, False), (64, 64, False, True),
-    (1024, 16, True, True), (1025, 1, True, False), (1024, 32, True, False), (128, 128, True, True),
-    (256, 64, True, True), (256, 128, True, False), (1, 1, False, True)])
-def test_resident_limits(n_max, width, from_gram, fits):
-    """The sessions the resident greedy takes: up to 1,024 rows and 16,384 projections from G, 256 rows and
-    4,096 projections when each step also streams X."""
+@pytest.mark.parametrize("n_max,width,source,fits", [
+    (256, 16, "x", True), (257, 16, "x", False), (256, 32, "x", False), (64, 64, "x", True),
+    (1024, 16, "gram", True), (1025, 1, "gram", False), (1024, 32, "gram", False), (128, 128, "gram", True),
+    (256, 64, "gram", True), (256, 128, "gram", False), (1, 1, "x", True),
+    (64, 64, "chip", True), (65, 1, "chip", False), (16, 16, "chip", True)])
+def test_resident_limits(n_max, width, source, fits):
+    """The sessions the resident greedy takes: up to 1,024 rows and 16,384 projections from G in memory, 256
+    rows and 4,096 projections when each step also streams X, 64 rows with G on chip."""
     from gemkernels.kernels.greedy_resident import resident_fits
 
-    assert resident_fits(n_max, width, from_gram) == fits
+    assert resident_fits(n_max, width, source) == fits
 
 
 def test_resident_greedy_refuses_sessions_it_cannot_hold():
@@ -88,37 +92,26 @@ def test_resident_greedy_refuses_sessions_it_cannot_hold():
 
     x = torch.zeros(300, 8, device=kernel_device())
     with pytest.raises(ValueError, match="300 rows taking 16 steps"):
-        greedy_resident(x, *[None] * 7, eps=1e-6, width=16, lengths=np.array([300]))
-
-
-class KernelSpy:
-    """Stands in for a Triton kernel: records each launch's constexprs, then launches the kernel."""
-
-    def __init__(self, kernel, log: list):
-        self.kernel, self.log = kernel, log
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.log.append({k: v for k, v in kwargs.items() if k.isupper()})
-            return self.kernel[grid](*args, **kwargs)
-        return launch
+        greedy_resident(x, *[None] * 7, eps=1e-6, width=16, lengths=np.array([300]), source="x")
+    with pytest.raises(ValueError, match="a Gram matrix exactly for 'gram'"):
+        greedy_resident(x, *[None] * 7, eps=1e-6, width=16, lengths=np.array([30]), source="gram")
 
 
 def test_warm_up_launches_one_variant_per_row_bucket(monkeypatch):
-    """Sessions of 16, 32 and 64 rows in 24 dimensions: gram (from G) while n <= d, then passes over X; the
-    register-resident greedy each time, with the row tile of that bucket and a step tile for k."""
+    """Sessions of 16, 32 and 64 rows in 24 dimensions: gram (G computed on chip) while n <= d, then passes over
+    X; the register-resident greedy each time, with the row tile of that bucket and a step tile for k."""
     from gemkernels.backends import triton_backend
     from gemkernels.kernels import greedy_resident
 
     launched = []
     monkeypatch.setattr(greedy_resident, "greedy_resident_kernel",
-                        KernelSpy(greedy_resident.greedy_resident_kernel, launched))
+                        KernelSpy(greedy_resident.greedy_resident_kernel, "greedy_resident", launched))
     assert triton_backend.warm_up(24, k=5, max_rows=40) == [(16, "gram"), (32, "fused"), (64, "fused")]
-    assert [(c["BLOCK_N"], c["BLOCK_W"], c["FROM_GRAM"]) for c in launched] == [(16, 8, True), (32, 8, False),
-                                                                                 (64, 8, False)]
+    assert [(c["BLOCK_N"], c["BLOCK_W"], c["SOURCE"]) for _, c in launched] == [(16, 8, "chip"), (32, 8, "x"),
+                                                                                 (64, 8, "x")]
     launched.clear()
     triton_backend.warm_up(24, k=None, max_rows=16)  # k = n: the step tile follows the rows
-    assert [(c["BLOCK_N"], c["BLOCK_W"]) for c in launched] == [(16, 16)]
+    assert [(c["BLOCK_N"], c["BLOCK_W"]) for _, c in launched] == [(16, 16)]
 
 
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.integers(1, 8000))
@@ -145,10 +138,10 @@ def test_gram_path_over_budget_runs_in_groups_with_the_same_answers(monkeypatch)
     rng = np.random.default_rng(5)
     xs = [rng.standard_normal((n, 24)).astype(np.float32) for n in (17, 3, 20, 1, 12)]
     ps = [[0], [], [4, 19], [0], []]
-    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path="gram"))
+    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path="gram", resident=False))
     whole = gk.select_batch(xs, protected=ps, tau=0.95, k=6, backend="triton")
     launches = []
-    monkeypatch.setattr(gram, "gram_kernel", KernelSpy(gram.gram_kernel, launches))
+    monkeypatch.setattr(gram, "gram_kernel", KernelSpy(gram.gram_kernel, "gram", launches))
     monkeypatch.setattr(triton_backend, "GRAM_MAX_BYTES", 4 * 20 * 20)
     grouped = gk.select_batch(xs, protected=ps, tau=0.95, k=6, backend="triton")
     assert len(launches) == len(triton_backend.gram_groups(np.array([17, 3, 20, 1, 12]), 4 * 20 * 20)) == 3

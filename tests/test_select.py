@@ -26,6 +26,7 @@ from hypothesis.extra import numpy as hnp
 
 import gemkernels as gk
 from gemkernels.backends import auto_backend, get_backend
+from helpers import KernelSpy
 from reference import (STOP_CAPACITY, STOP_COVERAGE, STOP_EXHAUSTED, expected_stop, reference_select,
                        replay)
 
@@ -264,11 +265,19 @@ def test_ties_go_to_lowest_index(backend):
     assert sel.stop == expected_stop(5, 6, sel.coverage, 1.0)
 
 
-@pytest.mark.parametrize("path,resident", [("gram", True), ("gram", False), ("fused", True), ("fused", False),
-                                           ("stepwise", False)])
-def test_triton_paths_match_reference(path, resident, monkeypatch):
-    """Every Triton path, forced, with tiles small enough that the shapes cross tile edges; gram and fused
-    with the greedy state in registers (``greedy_resident``) and in global memory (``greedy_fused``)."""
+#: Session lengths of a batch: "short" fit every register-resident greedy (G on chip included), "medium" only the
+#: one reading G from memory. Interpreted (slow) and on CUDA (the default tiles).
+TRITON_LENGTHS = {"short": ([1, 40, 3, 17, 64], [1, 60, 3, 17, 64]),
+                  "medium": ([1, 40, 3, 260], [1, 700, 3, 257, 64, 1000])}
+
+
+@pytest.mark.parametrize("path,resident,lengths,greedy", [
+    ("gram", True, "short", ("greedy_resident", "chip")), ("gram", True, "medium", ("greedy_resident", "gram")),
+    ("gram", False, "short", ("greedy_fused", None)), ("fused", True, "short", ("greedy_resident", "x")),
+    ("fused", True, "medium", ("greedy_fused", None)), ("stepwise", False, "medium", None)])
+def test_triton_paths_match_reference(path, resident, lengths, greedy, monkeypatch):
+    """Every Triton path, forced, with tiles small enough that the shapes cross tile edges, and every greedy
+    kernel behind them (``greedy``: the kernel and the resident greedy's source of Gram rows)."""
     for mark in backend_marks("triton"):
         pytest.skip(mark.kwargs["reason"])
     from gemkernels.backends import triton_backend
@@ -277,12 +286,11 @@ def test_triton_paths_match_reference(path, resident, monkeypatch):
     assert path in triton_backend.PATHS
     monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(
         path=path, resident=resident, block_n=16, block_d=16, pivot_block_d=16, block_m=16, block_k=16))
-    launched = []  # which greedy kernel ran: the option must reach it
+    launched = []  # which greedy kernel ran: the options must reach it
     for module, name in ((greedy_fused, "greedy_fused"), (greedy_resident, "greedy_resident")):
-        kernel = getattr(module, f"{name}_kernel")
-        monkeypatch.setattr(module, f"{name}_kernel", LaunchSpy(kernel, name, launched))
+        monkeypatch.setattr(module, f"{name}_kernel", KernelSpy(getattr(module, f"{name}_kernel"), name, launched))
     rng = np.random.default_rng(17)
-    ns, d = ([1, 40, 3, 17, 64], 24) if INTERPRETED else ([1, 700, 3, 257, 64, 1500], 100)
+    ns, d = (TRITON_LENGTHS[lengths][0], 24) if INTERPRETED else (TRITON_LENGTHS[lengths][1], 100)
     for dtype in ("float32", "float16"):
         problems = [random_problem(rng, n, d, max_k=16) for n in ns]
         xs = [p[0].astype(dtype) for p in problems]
@@ -298,21 +306,7 @@ def test_triton_paths_match_reference(path, resident, monkeypatch):
             ref = reference_for(x, ps[s], es[s], float(taus[s]), int(ks[s]))
             c = ref.comparable
             assert sel_idx(a)[:c] == sel_idx(b)[:c], f"{path} session {s}"
-    width = max(min(max(k, len(p)), len(x)) for x, p, k in zip(xs, ps, ks.tolist()))  # the batch's capacity
-    fits = greedy_resident.resident_fits(max(ns), width, from_gram=path == "gram")
-    expected = set() if path == "stepwise" else {"greedy_resident" if resident and fits else "greedy_fused"}
-    assert set(launched) == expected
-
-
-class LaunchSpy:
-    """Stands in for a Triton kernel: records ``name`` on each launch, then launches the kernel."""
-
-    def __init__(self, kernel, name: str, log: list):
-        self.kernel, self.name, self.log = kernel, name, log
-
-    def __getitem__(self, grid):
-        self.log.append(self.name)
-        return self.kernel[grid]
+    assert {(name, constexprs.get("SOURCE")) for name, constexprs in launched} == ({greedy} if greedy else set())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

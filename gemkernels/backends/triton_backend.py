@@ -4,7 +4,8 @@ Three paths give the same answers; `choose_path` picks one per batch by shape:
 ``gram`` (one tensor-core GEMM per session, then the greedy on G: n small against d),
 ``fused`` (the whole greedy in one launch, a pass over X per direction) and ``stepwise``
 (two launches per step, parallel over row tiles: few, very long sessions). ``gram`` and
-``fused`` keep a short session's greedy state in registers (``greedy_resident``) when it fits.
+``fused`` keep a short session's greedy state in registers (``greedy_resident``) when it fits;
+``gram`` sessions of up to 64 rows keep their whole Gram matrix there too (one launch, X read once).
 Inputs of any float dtype are read as stored and accumulated in fp32; float64 is read as fp32.
 """
 
@@ -158,22 +159,27 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     tau_t = torch.as_tensor(tau, dtype=torch.float32, device=device)
     capacity_t = torch.as_tensor(capacity.astype(np.int32), device=device)
     width = int(capacity.max())
+    n_max = int(batch.lengths.max())
     common = dict(eps=eps, width=width, block_n=options.block_n, block_d=options.block_d or STREAM_BLOCK_D)
     if path == "stepwise":
         out = greedy_stepwise(x, inv_norm, offsets, batch.lengths, protected_idx, protected_offsets, candidate,
                               tau_t, capacity_t, pivot_block_d=options.pivot_block_d, **common)
+    elif options.resident and path == "gram" and resident_fits(n_max, width, "chip"):
+        out = greedy_resident(x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t,
+                              eps=eps, width=width, lengths=batch.lengths, source="chip")
     else:
         gram = gram_offsets = None
         if path == "gram":
-            if int(batch.lengths.max()) * batch.dim >= GRAM_MAX_SESSION_ELEMENTS:
+            if n_max * batch.dim >= GRAM_MAX_SESSION_ELEMENTS:
                 raise ValueError(f"the gram path takes sessions of fewer than {GRAM_MAX_SESSION_ELEMENTS} elements "
-                                 f"(n x d); the longest here has {int(batch.lengths.max()) * batch.dim}")
+                                 f"(n x d); the longest here has {n_max * batch.dim}")
             gram, gram_offsets = ragged_gram(x, inv_norm, offsets, batch.lengths, block_m=options.block_m,
                                               block_k=options.block_k, num_warps=options.gram_warps,
                                               num_stages=options.gram_stages)
         args = (x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t)
-        if options.resident and resident_fits(int(batch.lengths.max()), width, from_gram=gram is not None):
-            out = greedy_resident(*args, eps=eps, width=width, lengths=batch.lengths, gram=gram,
+        source = "gram" if gram is not None else "x"
+        if options.resident and resident_fits(n_max, width, source):
+            out = greedy_resident(*args, eps=eps, width=width, lengths=batch.lengths, source=source, gram=gram,
                                   gram_offsets=gram_offsets, max_block_d=options.block_d)
         else:
             out = greedy_fused(*args, gram=gram, gram_offsets=gram_offsets, **common)
