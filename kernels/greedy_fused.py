@@ -2,9 +2,10 @@
 
 Pivoted partial Cholesky of each session's Gram matrix: adding pivot j computes
 ``e = (G[j, :] - C[:, j]^T C) / sqrt(r_j)`` (``C`` the stored projections of earlier
-directions), then ``r -= e**2``. ``G[j, :]`` is either recomputed as ``X_hat x_hat_j`` (a pass
-over X per direction, O(n d b)) or read from a precomputed Gram matrix (``FROM_GRAM``,
-O(n b^2) after one O(n^2 d) GEMM). Accumulation is fp32 whatever the input dtype.
+directions, read BLOCK_W directions a load), then ``r -= e**2``. ``G[j, :]`` is either
+recomputed as ``X_hat x_hat_j`` (a pass over X per direction, O(n d b)) or read from a
+precomputed Gram matrix (``FROM_GRAM``, O(n b^2) after one O(n^2 d) GEMM). Accumulation is
+fp32 whatever the input dtype.
 """
 
 import torch
@@ -19,7 +20,7 @@ def greedy_fused_kernel(
     x_ptr, inv_norm_ptr, gram_ptr, gram_offsets_ptr, offsets_ptr, protected_idx_ptr, protected_offsets_ptr,
     candidate_ptr, tau_ptr, capacity_ptr, residuals_ptr, coords_ptr, indices_ptr, counts_ptr, coverage_ptr,
     eps, d, stride_x, total_rows, width,
-    FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """One program runs session ``program_id(0)`` from protected seeding to its stop."""
     s = tl.program_id(0)
@@ -27,6 +28,7 @@ def greedy_fused_kernel(
                                                                       tau_ptr, capacity_ptr)
     gram_ptr += tl.load(gram_offsets_ptr + s)
     rows = tl.arange(0, BLOCK_N)
+    slots = tl.arange(0, BLOCK_W)
 
     for c0 in range(0, n, BLOCK_N):
         tl.store(residuals_ptr + start + c0 + rows, tl.full([BLOCK_N], 1.0, tl.float32), mask=c0 + rows < n)
@@ -52,9 +54,14 @@ def greedy_fused_kernel(
                     m = c0 + rows < n
                     g = gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, c0, d, stride_x,
                                         FROM_GRAM, BLOCK_N, BLOCK_D)
-                    for k in range(0, directions):
-                        coord_row = coords_ptr + k * total_rows + start
-                        g -= tl.load(coord_row + pivot) * tl.load(coord_row + c0 + rows, mask=m, other=0.0)
+                    for k0 in range(0, directions, BLOCK_W):  # C[:, pivot]^T C[:, chunk], BLOCK_W directions a load
+                        ks = k0 + slots
+                        live = ks < directions
+                        coord_rows = coords_ptr + ks * total_rows + start
+                        c_pivot = tl.load(coord_rows + pivot, mask=live, other=0.0)
+                        c_chunk = tl.load(coord_rows[:, None] + c0 + rows[None, :], mask=live[:, None] & m[None, :],
+                                          other=0.0)
+                        g -= tl.sum(c_pivot[:, None] * c_chunk, axis=0)
                     e = g * inv_pivot
                     tl.store(coords_ptr + directions * total_rows + start + c0 + rows, e, mask=m)
                     r = tl.load(residuals_ptr + start + c0 + rows, mask=m, other=0.0)
@@ -70,11 +77,13 @@ def greedy_fused_kernel(
 def greedy_fused(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, protected_idx: torch.Tensor,
                  protected_offsets: torch.Tensor, candidate: torch.Tensor, tau: torch.Tensor,
                  capacity: torch.Tensor, eps: float, width: int, gram: torch.Tensor | None = None,
-                 gram_offsets: torch.Tensor | None = None, block_n: int = 128, block_d: int = 16):
+                 gram_offsets: torch.Tensor | None = None, block_n: int = 128, block_d: int = 16,
+                 block_w: int = 16):
     """Launch one program per session; returns (indices (S, width) -1 padded, counts, coverage, residuals).
 
     ``candidate`` (int8, one per row) is consumed. With ``gram``/``gram_offsets`` the Gram rows
-    are read from the packed per-session matrices instead of recomputed from ``x``.
+    are read from the packed per-session matrices instead of recomputed from ``x``. Earlier
+    directions are subtracted ``block_w`` at a time (one load of their coordinates each).
     """
     sessions = offsets.numel() - 1
     rows, d = x.shape
@@ -90,6 +99,6 @@ def greedy_fused(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor,
     greedy_fused_kernel[(sessions,)](
         x, inv_norm, gram, gram_offsets, offsets, protected_idx, protected_offsets, candidate, tau, capacity,
         residuals, coords, indices, counts, coverage, eps, d, x.stride(0), rows, width,
-        FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_D=block_d,
+        FROM_GRAM=from_gram, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_W=block_w,
     )
     return indices, counts, coverage, residuals

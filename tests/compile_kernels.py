@@ -56,7 +56,8 @@ def variants():
     backend launches, and the Gram tile candidates."""
     for x_dtype in ("*fp32", "*fp16", "*bf16"):
         for from_gram in (False, True):
-            yield "greedy_fused", greedy_fused_kernel, x_dtype, dict(FROM_GRAM=from_gram, BLOCK_N=128, BLOCK_D=16), 4
+            yield "greedy_fused", greedy_fused_kernel, x_dtype, dict(FROM_GRAM=from_gram, BLOCK_N=128, BLOCK_D=16,
+                                                                     BLOCK_W=16), 4
         for source, (n_max, width) in itertools.product(SOURCES, RESIDENT_SHAPES):
             if resident_fits(n_max, width, source):
                 block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, source)

@@ -285,7 +285,7 @@ def test_triton_paths_match_reference(path, resident, lengths, greedy, monkeypat
 
     assert path in triton_backend.PATHS
     monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(
-        path=path, resident=resident, block_n=16, block_d=16, pivot_block_d=16, block_m=16, block_k=16))
+        path=path, resident=resident, block_n=16, block_d=16, block_w=4, pivot_block_d=16, block_m=16, block_k=16))
     launched = []  # which greedy kernel ran: the options must reach it
     for module, name in ((greedy_fused, "greedy_fused"), (greedy_resident, "greedy_resident")):
         monkeypatch.setattr(module, f"{name}_kernel", KernelSpy(getattr(module, f"{name}_kernel"), name, launched))

@@ -44,6 +44,7 @@ class TritonOptions:
     resident: bool = True
     block_n: int = 128
     block_d: int | None = None
+    block_w: int = 16
     pivot_block_d: int = 128
     block_m: int = 64
     block_k: int = 32
@@ -182,5 +183,5 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
             out = greedy_resident(*args, eps=eps, width=width, lengths=batch.lengths, source=source, gram=gram,
                                   gram_offsets=gram_offsets, max_block_d=options.block_d)
         else:
-            out = greedy_fused(*args, gram=gram, gram_offsets=gram_offsets, **common)
+            out = greedy_fused(*args, gram=gram, gram_offsets=gram_offsets, block_w=options.block_w, **common)
     return PackedSelection(*out)
