@@ -980,15 +980,15 @@ def test_numpy_input_on_triton_gives_numpy():
                                            ("stepwise", False)])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_cuda_every_triton_path_and_dtype_at_default_tiles(path, resident, dtype, monkeypatch):
-    """Two batches: the longest session 1000 rows (gram keeps its greedy in registers, fused cannot) and 200 rows
-    (both can), each with the register-resident greedy allowed and not."""
+    """Three batches: the longest session 1000 rows (gram keeps its greedy in registers, fused cannot), 200 rows
+    (both can) and 64 rows (gram computes G on chip), each with the register-resident greedy allowed and not."""
     from gemkernels.backends import triton_backend
 
     monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path=path, resident=resident))
     rng = np.random.default_rng(54)
-    for ns in ([1, 256, 17, 1000, 129], [1, 200, 17, 64, 129]):
+    for ns in ([1, 256, 17, 1000, 129], [1, 200, 17, 64, 129], [1, 64, 17, 33, 40]):
         xs = [cuda_x(rng, n, 1000, dtype) for n in ns]
-        ps = [[0], [3, 199], [], [10, 50, ns[3] - 1], [128]]
+        ps = [[0], [3, ns[1] - 1], [], [10, 20, ns[3] - 1], [ns[4] - 1]]
         sels = gk.select_batch(xs, protected=ps, tau=0.9, k=16, backend="triton")
         for x, p, sel in zip(xs, ps, sels):
             assert sel.indices.is_cuda
