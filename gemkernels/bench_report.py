@@ -173,7 +173,8 @@ def plot_throughput(points: list[dict[str, Any]], path: Path) -> None:
             for backend in sorted({r["config"]["backend"] for r in recs}, key=lambda b: ORDER.get(b, 9)):
                 line = sorted((r["config"][axis], r["metrics"]["blocks_per_s"]) for r in recs
                               if r["config"]["backend"] == backend)
-                ax.plot(*zip(*line), marker="o", label=backend)
+                ax.plot(*zip(*line), marker="o", label=backend,  # dashed: the greedy state in global memory
+                        linestyle="--" if backend.endswith("-global") else "-")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("S" if axis == "sessions" else axis)
