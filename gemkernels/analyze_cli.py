@@ -18,8 +18,9 @@ import numpy as np
 from . import analysis
 from .analysis import CONDITIONS, DELTAS, RHO, STATS, CheckpointResult, Tolerance
 from .encoders import ENCODER_HELP, make_encoder
-from .replay import (DEFAULT_CACHE_DIR, EmbeddingCache, RunJob, column_means, load_long_runs, prepare, pyplot, save,
-                     table, write_report)
+from .plotting import pyplot
+from .replay import (DEFAULT_CACHE_DIR, EmbeddingCache, RunJob, column_means, load_long_runs, prepare, save, table,
+                     write_report)
 from .representation import block_text
 
 LABELS = {"real": "Real", "feature_shift": "Feature-shift", "gaussian": "Gaussian",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .bench_timing import fmt_seconds
+from .plotting import pyplot
 
 KEY = ("mode", "dtype", "sessions", "n", "d", "b", "backend", "device")
 ORDER = {"numpy": 0, "torch": 1, "triton-gram": 2, "triton-fused": 3, "triton-stepwise": 4, "triton-gram-global": 5,
@@ -138,18 +139,6 @@ def markdown(records: list[dict[str, Any]]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend, or a clear error naming the extra to install."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise SystemExit("the plots need matplotlib: pip install 'gemkernels[bench]', or pass --no-plots") from err
-    return plt
-
-
 def best_slice(points: list[dict[str, Any]], axis: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The values of the other axes that give ``axis`` the most distinct values, and those records."""
     others = [k for k in ("sessions", "n", "d") if k != axis]
@@ -227,7 +216,10 @@ def write_report(out: Path, plots: bool = True) -> list[Path]:
     written = [out / "results.md"]
     measured = [r for r in latest(records)[0] if r["status"] == "ok"]
     if plots and measured:
-        plot_throughput(measured, out / "throughput.png")
-        plot_roofline(measured, out / "roofline.png")
+        try:
+            plot_throughput(measured, out / "throughput.png")
+            plot_roofline(measured, out / "roofline.png")
+        except ImportError as err:
+            raise SystemExit(f"{err}, or pass --no-plots") from err
         written += [out / "throughput.png", out / "roofline.png"]
     return written

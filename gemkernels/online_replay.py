@@ -42,7 +42,8 @@ from .encoders import ENCODER_HELP, Encoder, is_hash_encoder, make_encoder
 from .loaders import Run, checkpoints, load_runs
 from .metrics import action_references, block_words, nearest, referenced_blocks, retained_fraction
 from .online_policies import POLICIES, PolicyOptions, policy_builder, policy_label
-from .replay import DEFAULT_CACHE_DIR, EmbeddingCache, action_text, pyplot, save, write_report
+from .plotting import pyplot
+from .replay import DEFAULT_CACHE_DIR, EmbeddingCache, action_text, save, write_report
 from .representation import block_text
 
 BASELINE = "full"

@@ -33,6 +33,7 @@ from .encoders import ENCODER_HELP, Encoder, make_encoder
 from .evidence import block_features
 from .loaders import Run, load_runs
 from .metrics import METRICS, Targets, action_references, block_words, referenced_blocks
+from .plotting import pyplot
 from .representation import MAX_CHARS, block_text
 from .selectors import LABELS, SELECTORS, View, natural_budget
 
@@ -363,16 +364,6 @@ def plot(summary: dict[str, object], out: Path) -> list[Path]:
         ax.legend(fontsize=7)
         written.append(save(fig, out / "tau_sweep.png"))
     return written
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the non-interactive Agg backend (ImportError without matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def save(fig: Any, path: Path) -> Path:

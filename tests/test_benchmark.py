@@ -332,3 +332,11 @@ def test_gram_workspace_is_planned_at_its_group_budget():
     for point, gram in ((big, GRAM_MAX_BYTES + 4 * 1024 ** 2), (small, 4 * 4 * 64 ** 2)):
         x32 = point.sessions * point.n * point.d * 4
         assert bench_point.memory_need(point, ["triton-gram"], 2, "cuda") == {"cuda": 2 * point.x_bytes + x32 + gram}
+
+
+def test_report_without_matplotlib_names_the_extra_and_the_way_out(subgrid, monkeypatch):
+    out, _, _ = subgrid
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(SystemExit, match=r"pip install 'gemkernels\[replay\]'.*or pass --no-plots"):
+        bench_report.write_report(out)
+    assert bench_report.write_report(out, plots=False) == [out / "results.md"]
