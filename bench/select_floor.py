@@ -21,6 +21,7 @@ line (config, medians, ratios, versions, git commit, CPU, date) to DIR/results.j
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -297,7 +298,7 @@ def gram_tiles_one_dtype(rec: Recorder, case: cases.Case, device: str, dtype: st
 
         def select(options=options):
             with triton_options(options):
-                return select_ragged(batch, tau=case.tau, k=case.k, backend="triton")
+                return select_ragged(dataclasses.replace(batch), tau=case.tau, k=case.k, backend="triton")
 
         try:
             g, out = gram()[0], select()

@@ -82,7 +82,7 @@ def select_ragged(batch: RaggedBatch, tau: Any = DEFAULT_TAU, k: Any = DEFAULT_K
     values = convert_like(batch.values, impl.LIBRARY, compute_device)
     sq_norms = convert_like(sq_norms, impl.LIBRARY, compute_device)
 
-    counts_p = np.add.reduceat(batch.protected.astype(np.int64), batch.offsets[:-1])
+    counts_p = batch.protected_counts
     capacity = session_capacity(k_s, counts_p, batch.lengths)
     packed = impl.select_packed(batch, values, sq_norms, tau_s, capacity, eps)
 

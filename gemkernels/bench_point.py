@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -128,10 +128,11 @@ def triton_path(path: str | None) -> contextlib.AbstractContextManager:
 
 
 def run_selection(batch: RaggedBatch, contender: str, tau: float, k: int) -> RaggedSelection:
-    """`select_ragged` on one contender (backend, and triton path if named)."""
+    """`select_ragged` on one contender (backend, and triton path if named), on a fresh `RaggedBatch` of the same
+    arrays: what a batch derives once (its protected rows) is paid on every call, as in serving."""
     backend, path = split_contender(contender)
     with triton_path(path):
-        return select_ragged(batch, tau=tau, k=k, backend=backend)
+        return select_ragged(replace(batch), tau=tau, k=k, backend=backend)
 
 
 # --------------------------------------------------------------------------- inputs and memory

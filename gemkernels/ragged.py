@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,21 @@ class RaggedBatch:
     def lengths(self) -> np.ndarray:
         """Rows per session, ``(S,)`` int64."""
         return np.diff(self.offsets)
+
+    @cached_property
+    def protected_rows(self) -> np.ndarray:
+        """Packed indices of the protected rows, ascending, int64 (computed once per batch)."""
+        return np.flatnonzero(self.protected) if self.protected.any() else np.empty(0, dtype=np.int64)
+
+    @cached_property
+    def protected_sessions(self) -> np.ndarray:
+        """The session of each of `protected_rows`."""
+        return np.searchsorted(self.offsets, self.protected_rows, side="right") - 1
+
+    @cached_property
+    def protected_counts(self) -> np.ndarray:
+        """Protected rows per session, ``(S,)`` int64."""
+        return np.bincount(self.protected_sessions, minlength=self.num_sessions).astype(np.int64, copy=False)
 
     @classmethod
     def from_list(cls, xs: Sequence[Any], protected: Sequence[Any] | None = None,

@@ -453,6 +453,28 @@ def test_select_ragged_packed_matches_select_batch(backend):
         np.testing.assert_allclose(residuals[a:b], to_np(sel.residuals), atol=1e-5, rtol=0)
 
 
+@given(st.lists(st.lists(st.booleans(), min_size=1, max_size=12), min_size=1, max_size=8))
+def test_ragged_batch_protected_rows_sessions_and_counts(masks):
+    batch = gk.RaggedBatch.from_list([np.ones((len(m), 2), np.float32) for m in masks],
+                                     protected=[np.flatnonzero(m) for m in masks])
+    rows = [(s, a + i) for s, (m, a) in enumerate(zip(masks, batch.offsets[:-1].tolist())) for i in np.flatnonzero(m)]
+    assert batch.protected_rows.tolist() == [r for _, r in rows] and batch.protected_rows.dtype == np.int64
+    assert batch.protected_sessions.tolist() == [s for s, _ in rows]
+    assert batch.protected_counts.tolist() == [int(sum(m)) for m in masks]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_selection_leaves_the_batch_untouched(backend):
+    """The kernels consume a candidate mask: it must be the backend's own, never the caller's eligible mask."""
+    xs, ps, es, taus, ks = batch_problem(backend, seed=19)
+    es[1][::3] = False  # some ineligible rows, so the triton backend copies the mask
+    batch = gk.RaggedBatch.from_list(xs, ps, es)
+    before = [a.copy() for a in (batch.offsets, batch.protected, batch.eligible)] + [x.copy() for x in xs]
+    gk.select_ragged(batch, tau=taus, k=ks, backend=backend)
+    after = [batch.offsets, batch.protected, batch.eligible] + xs
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
 def test_ragged_batch_carries_its_own_masks():
     batch = gk.RaggedBatch.from_list([np.ones((2, 3), np.float32) + np.eye(2, 3, dtype=np.float32)])
     with pytest.raises(ValueError, match="carries its own protected/eligible"):

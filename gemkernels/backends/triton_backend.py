@@ -150,13 +150,13 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     device = x.device
     inv_norm = sq_norms.to(torch.float32).rsqrt()
     offsets = torch.as_tensor(batch.offsets, device=device)
-    protected_rows = np.flatnonzero(batch.protected)
-    session_of = np.searchsorted(batch.offsets, protected_rows, side="right") - 1
-    protected_idx = torch.as_tensor(np.append(protected_rows - batch.offsets[session_of], 0).astype(np.int32),
-                                    device=device)
-    protected_offsets = torch.as_tensor(
-        np.concatenate([[0], np.cumsum(np.bincount(session_of, minlength=batch.num_sessions))]), device=device)
-    candidate = torch.as_tensor((batch.eligible & ~batch.protected).astype(np.int8), device=device)
+    protected_rows = batch.protected_rows
+    protected_idx = torch.as_tensor(
+        np.append(protected_rows - batch.offsets[batch.protected_sessions], 0).astype(np.int32), device=device)
+    protected_offsets = torch.as_tensor(np.concatenate([[0], np.cumsum(batch.protected_counts)]), device=device)
+    candidate = (torch.ones(len(batch.eligible), dtype=torch.int8, device=device) if batch.eligible.all() else
+                 torch.tensor(batch.eligible.view(np.int8), device=device))  # a copy: the kernels consume it
+    candidate[torch.as_tensor(protected_rows, device=device)] = 0  # eligible, not protected, not yet selected
     tau_t = torch.as_tensor(tau, dtype=torch.float32, device=device)
     capacity_t = torch.as_tensor(capacity.astype(np.int32), device=device)
     width = int(capacity.max())
