@@ -278,7 +278,7 @@ def gram_tiles_one_dtype(rec: Recorder, case: cases.Case, device: str, dtype: st
     batch = cases.ragged_batch(case, device, getattr(torch, dtype))
     x = batch.values
     inv_norm = torch.linalg.vector_norm(x, dim=1, dtype=torch.float32).reciprocal()
-    offsets = torch.as_tensor(batch.offsets, device=x.device)
+    offsets = torch.tensor(batch.offsets, device=x.device)  # a copy of the batch's read-only offsets
     lengths = batch.lengths
     bytes_floor = (x.nbytes + 4 * case.sessions * case.n ** 2) / bandwidth
     flop_floor = case.sessions * case.n * (case.n + 1) * case.d / rate

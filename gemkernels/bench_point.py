@@ -165,14 +165,17 @@ def make_batch(values: Any, n: int) -> RaggedBatch:
 def memory_need(point: Point, contenders: list[str], copies: int, device: str) -> dict[str, int]:
     """Conservative peak bytes per memory ("cpu" host, "cuda" device) for ``copies`` inputs plus the
     largest backend's workspace: torch pads and normalises in fp32 (about 3 fp32 copies of X), triton
-    takes one fp32 temporary (plus the n^2 Gram matrices for gram, launched in groups that fit its budget),
-    numpy widens fp16 to fp32."""
+    takes one fp32 temporary (plus the n^2 Gram matrices for gram, launched in groups that fit its budget, none
+    when G is computed on chip), numpy widens fp16 to fp32."""
     x32 = point.sessions * point.n * point.d * 4
     gram = 4 * point.sessions * point.n ** 2
     if any(c.startswith("triton-gram") for c in contenders):
         from .backends.triton_backend import GRAM_MAX_BYTES
+        from .kernels.greedy_resident import resident_fits
 
         gram = min(gram, GRAM_MAX_BYTES + 4 * point.n ** 2)
+        if "triton-gram-global" not in contenders and resident_fits(point.n, min(point.b, point.n), "chip"):
+            gram = 0  # the resident greedy computes G on chip
     work = {"torch": 3 * x32, "triton-gram": x32 + gram, "triton-fused": x32, "triton-stepwise": x32}
     work |= {c: work[c.removesuffix(GLOBAL_STATE)] + 4 * point.sessions * point.n * point.b for c in VARIANTS}
     need = {device: copies * point.x_bytes + max([x32 if point.dtype != "fp32" else 0] +

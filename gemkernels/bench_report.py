@@ -151,7 +151,7 @@ def best_slice(points: list[dict[str, Any]], axis: str) -> tuple[dict[str, Any],
 
 def plot_throughput(points: list[dict[str, Any]], path: Path) -> None:
     """Rows: blocks/s against n, d and S; columns: (dtype, mode); one line per backend."""
-    plt = pyplot()
+    plt = pyplot("bench")
     panels = sorted({(r["config"]["dtype"], r["config"]["mode"]) for r in points})
     fig, axes = plt.subplots(3, len(panels), figsize=(4.5 * len(panels), 10), squeeze=False)
     for col, (dtype, mode) in enumerate(panels):
@@ -180,7 +180,7 @@ def plot_throughput(points: list[dict[str, Any]], path: Path) -> None:
 def plot_roofline(points: list[dict[str, Any]], path: Path) -> None:
     """Fraction of the roofline (max of read-X-once and work at the matmul rate, over the median) against
     the size of X, per backend; marker by dtype."""
-    plt = pyplot()
+    plt = pyplot("bench")
     markers = {"fp32": "o", "fp16": "s", "bf16": "^"}
     fig, ax = plt.subplots(figsize=(8, 5))
     for backend in sorted({r["config"]["backend"] for r in points}, key=lambda b: ORDER.get(b, 9)):

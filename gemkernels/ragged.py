@@ -24,6 +24,8 @@ class RaggedBatch:
     values: ``(sum n_s, d)`` float array (numpy, torch or CuPy).
     offsets: ``(S+1,)`` int64 numpy array, ``offsets[0] == 0``, non-decreasing, ends at the row count.
     protected, eligible: ``(sum n_s,)`` bool numpy arrays.
+    offsets and the masks are kept as read-only arrays (copies of writable ones), so what a batch derives
+    from them once (its protected rows) cannot go stale.
     """
 
     values: Any
@@ -53,8 +55,8 @@ class RaggedBatch:
             mask = np.asarray(getattr(self, name))
             if mask.dtype != np.bool_ or mask.shape != (rows,):
                 raise ValueError(f"{name} must be a bool mask of shape ({rows},), got {mask.dtype} {mask.shape}")
-            object.__setattr__(self, name, mask)
-        object.__setattr__(self, "offsets", offsets.astype(np.int64, copy=False))
+            object.__setattr__(self, name, read_only(mask))
+        object.__setattr__(self, "offsets", read_only(offsets.astype(np.int64, copy=False)))
 
     @property
     def num_sessions(self) -> int:
@@ -71,18 +73,18 @@ class RaggedBatch:
 
     @cached_property
     def protected_rows(self) -> np.ndarray:
-        """Packed indices of the protected rows, ascending, int64 (computed once per batch)."""
-        return np.flatnonzero(self.protected) if self.protected.any() else np.empty(0, dtype=np.int64)
+        """Packed indices of the protected rows, ascending, int64 (computed once per batch, read-only)."""
+        return read_only(np.flatnonzero(self.protected) if self.protected.any() else np.empty(0, dtype=np.int64))
 
     @cached_property
     def protected_sessions(self) -> np.ndarray:
-        """The session of each of `protected_rows`."""
-        return np.searchsorted(self.offsets, self.protected_rows, side="right") - 1
+        """The session of each of `protected_rows` (read-only)."""
+        return read_only(np.searchsorted(self.offsets, self.protected_rows, side="right") - 1)
 
     @cached_property
     def protected_counts(self) -> np.ndarray:
-        """Protected rows per session, ``(S,)`` int64."""
-        return np.bincount(self.protected_sessions, minlength=self.num_sessions).astype(np.int64, copy=False)
+        """Protected rows per session, ``(S,)`` int64 (read-only)."""
+        return read_only(np.bincount(self.protected_sessions, minlength=self.num_sessions).astype(np.int64))
 
     @classmethod
     def from_list(cls, xs: Sequence[Any], protected: Sequence[Any] | None = None,
@@ -123,6 +125,14 @@ class RaggedBatch:
         """Per-session ``(x, protected_mask, eligible_mask)``; ``x`` are views of ``values``."""
         return [(self.values[a:b], self.protected[a:b], self.eligible[a:b])
                 for a, b in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist())]
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """``a`` itself if it is already read-only, else a read-only copy (the caller keeps a writable original)."""
+    if a.flags.writeable:
+        a = a.copy()
+        a.flags.writeable = False
+    return a
 
 
 def check_values(x: Any, name: str) -> None:

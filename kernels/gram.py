@@ -5,7 +5,7 @@ grid has no idle programs however different the sessions' lengths are (FlashInfe
 split); a program stores its tile and, off the diagonal, its transpose: about half the
 tensor-core work of the full product, and G_s exactly symmetric.
 ``G_s`` is stored row-major at ``gram_offsets[s] = sum_{s' < s} n_{s'}^2``, fp32; the dot
-products run on tensor cores for fp16/bf16 input and in full fp32 ("ieee") for fp32.
+products run on tensor cores for fp16/bf16 input and in full fp32 ("ieee", CUDA cores) for fp32.
 """
 
 import numpy as np

@@ -4,7 +4,8 @@ Same pivoted partial Cholesky as ``greedy_fused``, but the residuals, candidate 
 projections ``C`` (``BLOCK_W x BLOCK_N``, one row per direction) never leave the program. The
 pivot's Gram row comes from ``SOURCE``: ``"gram"`` reads one row of a precomputed G, ``"x"``
 makes one pass over the session's X, ``"chip"`` takes it from the session's whole G, computed
-by the program itself on tensor cores (X read once, nothing else from memory). Sessions must
+by the program itself with ``tl.dot`` (tensor cores for fp16/bf16; X read once, nothing else
+from memory). Sessions must
 have at most ``BLOCK_N`` rows and at most ``BLOCK_W`` steps (`resident_fits`).
 """
 
@@ -127,7 +128,8 @@ def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
     rows, d = x.shape
     device = x.device
     block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, source)
-    block_d = min(block_d, max_block_d or block_d)
+    if source != "chip":  # chip's BLOCK_D is the K step of tl.dot, which must stay >= 16
+        block_d = min(block_d, max_block_d or block_d)
     residuals = torch.empty(rows, dtype=torch.float32, device=device)
     indices = torch.full((sessions, width), -1, dtype=torch.int64, device=device)
     counts = torch.empty(sessions, dtype=torch.int64, device=device)
@@ -137,7 +139,7 @@ def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
     greedy_resident_kernel[(sessions,)](
         x, inv_norm, gram, gram_offsets, offsets, protected_idx, protected_offsets, candidate, tau, capacity,
         residuals, indices, counts, coverage, eps, d, x.stride(0), width,
-        SOURCE=source, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d, EVEN_D=d % block_d == 0,
+        SOURCE=source, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d, EVEN_D=source == "chip" and d % block_d == 0,
         INPUT_PRECISION=input_precision(x.dtype), num_warps=num_warps,
     )
     return indices, counts, coverage, residuals

@@ -61,9 +61,10 @@ def variants():
         for source, (n_max, width) in itertools.product(SOURCES, RESIDENT_SHAPES):
             if resident_fits(n_max, width, source):
                 block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, source)
-                yield "greedy_resident", greedy_resident_kernel, x_dtype, dict(
-                    SOURCE=source, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d, EVEN_D=True,
-                    INPUT_PRECISION="ieee" if x_dtype == "*fp32" else "tf32"), num_warps
+                for even_d in (True, False) if source == "chip" else (False,):  # EVEN_D only matters on chip
+                    yield "greedy_resident", greedy_resident_kernel, x_dtype, dict(
+                        SOURCE=source, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d, EVEN_D=even_d,
+                        INPUT_PRECISION="ieee" if x_dtype == "*fp32" else "tf32"), num_warps
         precision = "ieee" if x_dtype == "*fp32" else "tf32"
         for i, (block_m, block_k, warps, stages) in enumerate(TILE_CANDIDATES):
             for even_k in (True, False) if i == 0 else (True,):  # the default both ways, the candidates for d % 32 = 0

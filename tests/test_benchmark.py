@@ -324,19 +324,21 @@ def test_nvml_info_reads_a_device_and_reports_failures(monkeypatch):
 
 def test_gram_workspace_is_planned_at_its_group_budget():
     """The gram path launches groups whose Gram matrices fit GRAM_MAX_BYTES, so a point plans for that much, not
-    for every session's n^2 at once (8192 x 1024^2 fp32 would be 32 GiB)."""
+    for every session's n^2 at once (8192 x 1024^2 fp32 would be 32 GiB), and none when G stays on chip."""
     pytest.importorskip("torch")
     from gemkernels.backends.triton_backend import GRAM_MAX_BYTES
 
     big, small = Point("fixed", "fp32", 8192, 1024, 384, 16), Point("fixed", "fp32", 4, 64, 384, 16)
-    for point, gram in ((big, GRAM_MAX_BYTES + 4 * 1024 ** 2), (small, 4 * 4 * 64 ** 2)):
+    for point, contender, gram in ((big, "triton-gram", GRAM_MAX_BYTES + 4 * 1024 ** 2),
+                                   (small, "triton-gram", 0),  # 64 rows: G is computed on chip
+                                   (small, "triton-gram-global", 4 * 4 * 64 ** 2 + 4 * 4 * 64 * 16)):
         x32 = point.sessions * point.n * point.d * 4
-        assert bench_point.memory_need(point, ["triton-gram"], 2, "cuda") == {"cuda": 2 * point.x_bytes + x32 + gram}
+        assert bench_point.memory_need(point, [contender], 2, "cuda") == {"cuda": 2 * point.x_bytes + x32 + gram}
 
 
 def test_report_without_matplotlib_names_the_extra_and_the_way_out(subgrid, monkeypatch):
     out, _, _ = subgrid
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    with pytest.raises(SystemExit, match=r"pip install 'gemkernels\[replay\]'.*or pass --no-plots"):
+    with pytest.raises(SystemExit, match=r"pip install 'gemkernels\[bench\]'.*or pass --no-plots"):
         bench_report.write_report(out)
     assert bench_report.write_report(out, plots=False) == [out / "results.md"]

@@ -86,6 +86,30 @@ def test_resident_limits(n_max, width, source, fits):
     assert resident_fits(n_max, width, source) == fits
 
 
+@pytest.mark.parametrize("d", [24, 32, 40])
+def test_gram_on_chip_matches_numpy(d, monkeypatch):
+    """Sessions of up to 64 rows compute G on chip, with the unmasked K loop (d = 32) and the masked one."""
+    import gemkernels as gk
+    from gemkernels.backends import triton_backend
+    from gemkernels.kernels import greedy_resident
+
+    launched = []
+    monkeypatch.setattr(greedy_resident, "greedy_resident_kernel",
+                        KernelSpy(greedy_resident.greedy_resident_kernel, "greedy_resident", launched))
+    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path="gram"))
+    rng = np.random.default_rng(d)
+    xs = [rng.standard_normal((n, d)).astype(np.float32) for n in (64, 1, 16, 33)]
+    xs[0][40] = 3 * xs[0][7]  # a duplicate direction
+    ps = [[7, 63], [0], [], [32]]
+    sels = gk.select_batch(xs, protected=ps, tau=0.99, k=12, backend="triton")
+    base = gk.select_batch(xs, protected=ps, tau=0.99, k=12, backend="numpy")
+    assert [(c["SOURCE"], c["EVEN_D"]) for _, c in launched] == [("chip", d % 32 == 0)]
+    for a, b in zip(sels, base):
+        assert a.indices.tolist() == b.indices.tolist()
+        np.testing.assert_allclose(a.residuals, b.residuals, atol=2e-6)
+        assert a.coverage == pytest.approx(b.coverage, abs=1e-6)
+
+
 def test_resident_greedy_refuses_sessions_it_cannot_hold():
     from gemkernels.backends.triton_backend import kernel_device
     from gemkernels.kernels.greedy_resident import greedy_resident
@@ -129,23 +153,33 @@ def test_gram_groups_cover_the_batch_within_budget(lengths, budget):
 
 
 def test_gram_path_over_budget_runs_in_groups_with_the_same_answers(monkeypatch):
-    """A batch whose Gram matrices pass GRAM_MAX_BYTES: several launches, each session's answer bit for bit the
-    one it gets in a single launch."""
+    """A batch whose Gram matrices pass GRAM_MAX_BYTES: several launches, each session's answer the one it gets
+    in a single launch (bit for bit when each group runs the same kernels)."""
     import gemkernels as gk
     from gemkernels.backends import triton_backend
     from gemkernels.kernels import gram
 
     rng = np.random.default_rng(5)
-    xs = [rng.standard_normal((n, 24)).astype(np.float32) for n in (17, 3, 20, 1, 12)]
+    lengths = (17, 3, 70, 1, 12)
+    xs = [rng.standard_normal((n, 24)).astype(np.float32) for n in lengths]
     ps = [[0], [], [4, 19], [0], []]
-    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path="gram", resident=False))
-    whole = gk.select_batch(xs, protected=ps, tau=0.95, k=6, backend="triton")
-    launches = []
-    monkeypatch.setattr(gram, "gram_kernel", KernelSpy(gram.gram_kernel, "gram", launches))
-    monkeypatch.setattr(triton_backend, "GRAM_MAX_BYTES", 4 * 20 * 20)
-    grouped = gk.select_batch(xs, protected=ps, tau=0.95, k=6, backend="triton")
-    assert len(launches) == len(triton_backend.gram_groups(np.array([17, 3, 20, 1, 12]), 4 * 20 * 20)) == 3
-    for a, b in zip(whole, grouped):
-        np.testing.assert_array_equal(a.indices, b.indices)
-        np.testing.assert_array_equal(a.residuals, b.residuals)
-        assert a.coverage == b.coverage and a.stop == b.stop
+    es = [None, None, np.arange(70) % 4 != 1, None, None]
+    ks = np.array([6, 2, 9, 1, 3])  # groups of different widths: -1 padding where they are joined
+    for resident in (False, True):  # 70 rows: G in memory, read by the global or the resident greedy
+        monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path="gram", resident=resident))
+        monkeypatch.setattr(triton_backend, "GRAM_MAX_BYTES", 2 << 30)
+        whole = gk.select_ragged(gk.RaggedBatch.from_list(xs, ps, es), tau=0.95, k=ks, backend="triton")
+        launches = []
+        monkeypatch.setattr(gram, "gram_kernel", KernelSpy(gram.gram_kernel, "gram", launches))
+        monkeypatch.setattr(triton_backend, "GRAM_MAX_BYTES", 4 * 20 * 20)
+        grouped = gk.select_ragged(gk.RaggedBatch.from_list(xs, ps, es), tau=0.95, k=ks, backend="triton")
+        monkeypatch.undo()
+        assert len(triton_backend.gram_groups(np.array(lengths), 4 * 20 * 20)) == 3
+        # every group builds G, or only the one past the 64 rows an on-chip G takes
+        assert len(launches) == (1 if resident else 3)
+        for field in ("indices", "counts", "coverage", "residuals"):
+            if resident:  # the small groups computed G on chip: the same answers up to rounding
+                np.testing.assert_allclose(getattr(whole, field), getattr(grouped, field), atol=2e-6, err_msg=field)
+            else:  # the same kernels per session: bit for bit
+                np.testing.assert_array_equal(getattr(whole, field), getattr(grouped, field), err_msg=field)
+        assert (grouped.indices[1, 2:] == -1).all() and grouped.indices.shape[1] == 9

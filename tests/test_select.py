@@ -463,6 +463,19 @@ def test_ragged_batch_protected_rows_sessions_and_counts(masks):
     assert batch.protected_counts.tolist() == [int(sum(m)) for m in masks]
 
 
+def test_ragged_batch_arrays_are_read_only_so_derived_rows_cannot_go_stale():
+    protected, eligible = np.zeros(6, bool), np.ones(6, bool)
+    batch = gk.RaggedBatch(np.eye(6, 4, dtype=np.float32) + 1, np.array([0, 3, 6]), protected, eligible)
+    assert batch.protected_counts.tolist() == [0, 0]
+    protected[4] = True  # the caller's own array stays writable; the batch holds a copy
+    assert batch.protected_counts.tolist() == [0, 0] and not batch.protected.any()
+    for array in (batch.protected, batch.eligible, batch.offsets, batch.protected_rows, batch.protected_counts):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 1
+    again = gk.RaggedBatch(batch.values, batch.offsets, batch.protected, batch.eligible)
+    assert again.protected is batch.protected  # read-only arrays are shared, not copied again
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_selection_leaves_the_batch_untouched(backend):
     """The kernels consume a candidate mask: it must be the backend's own, never the caller's eligible mask."""

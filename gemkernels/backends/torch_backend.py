@@ -26,15 +26,15 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     n_max = int(batch.lengths.max())
 
     session_of_row = torch.repeat_interleave(torch.arange(sessions, device=device), lengths)
-    local_row = torch.arange(values.shape[0], device=device) - torch.as_tensor(batch.offsets[:-1], device=device)[
-        session_of_row]
+    local_row = torch.arange(values.shape[0], device=device) - torch.tensor(batch.offsets[:-1], device=device)[
+        session_of_row]  # torch.tensor: a copy of the batch's read-only arrays
     x = values.to(dtype) * sq_norms.to(dtype).rsqrt().unsqueeze(1)
     padded = torch.zeros(sessions, n_max, x.shape[1], dtype=dtype, device=device)
     padded[session_of_row, local_row] = x
 
     def pad_mask(mask: np.ndarray) -> torch.Tensor:
         out = torch.zeros(sessions, n_max, dtype=torch.bool, device=device)
-        out[session_of_row, local_row] = torch.as_tensor(mask, device=device)
+        out[session_of_row, local_row] = torch.tensor(mask, device=device)
         return out
 
     protected = pad_mask(batch.protected)

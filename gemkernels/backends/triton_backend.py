@@ -140,7 +140,9 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     path = options.path or choose_path(batch.lengths, batch.dim)
     if path not in PATHS:
         raise ValueError(f"unknown triton path {path!r}; choose one of {PATHS}")
-    groups = gram_groups(batch.lengths, GRAM_MAX_BYTES) if path == "gram" else [(0, batch.num_sessions)]
+    width, n_max = int(capacity.max()), int(batch.lengths.max())
+    on_chip = options.resident and path == "gram" and resident_fits(n_max, width, "chip")  # no G in memory
+    groups = gram_groups(batch.lengths, GRAM_MAX_BYTES) if path == "gram" and not on_chip else [(0, len(capacity))]
     if len(groups) > 1:
         return select_in_groups(groups, batch, values, sq_norms, tau, capacity, eps)
     x = values
@@ -149,23 +151,21 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     x = x.contiguous()
     device = x.device
     inv_norm = sq_norms.to(torch.float32).rsqrt()
-    offsets = torch.as_tensor(batch.offsets, device=device)
+    offsets = torch.tensor(batch.offsets, device=device)  # torch.tensor: copies of the batch's read-only arrays
     protected_rows = batch.protected_rows
     protected_idx = torch.as_tensor(
         np.append(protected_rows - batch.offsets[batch.protected_sessions], 0).astype(np.int32), device=device)
     protected_offsets = torch.as_tensor(np.concatenate([[0], np.cumsum(batch.protected_counts)]), device=device)
     candidate = (torch.ones(len(batch.eligible), dtype=torch.int8, device=device) if batch.eligible.all() else
                  torch.tensor(batch.eligible.view(np.int8), device=device))  # a copy: the kernels consume it
-    candidate[torch.as_tensor(protected_rows, device=device)] = 0  # eligible, not protected, not yet selected
+    candidate[torch.tensor(protected_rows, device=device)] = 0  # eligible, not protected, not yet selected
     tau_t = torch.as_tensor(tau, dtype=torch.float32, device=device)
     capacity_t = torch.as_tensor(capacity.astype(np.int32), device=device)
-    width = int(capacity.max())
-    n_max = int(batch.lengths.max())
     common = dict(eps=eps, width=width, block_n=options.block_n, block_d=options.block_d or STREAM_BLOCK_D)
     if path == "stepwise":
         out = greedy_stepwise(x, inv_norm, offsets, batch.lengths, protected_idx, protected_offsets, candidate,
                               tau_t, capacity_t, pivot_block_d=options.pivot_block_d, **common)
-    elif options.resident and path == "gram" and resident_fits(n_max, width, "chip"):
+    elif on_chip:
         out = greedy_resident(x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t,
                               eps=eps, width=width, lengths=batch.lengths, source="chip")
     else:
