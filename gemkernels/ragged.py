@@ -74,17 +74,18 @@ class RaggedBatch:
     @cached_property
     def protected_rows(self) -> np.ndarray:
         """Packed indices of the protected rows, ascending, int64 (computed once per batch, read-only)."""
-        return read_only(np.flatnonzero(self.protected) if self.protected.any() else np.empty(0, dtype=np.int64))
+        rows = np.flatnonzero(self.protected) if self.protected.any() else np.empty(0, dtype=np.int64)
+        return read_only(rows, owned=True)
 
     @cached_property
     def protected_sessions(self) -> np.ndarray:
         """The session of each of `protected_rows` (read-only)."""
-        return read_only(np.searchsorted(self.offsets, self.protected_rows, side="right") - 1)
+        return read_only(np.searchsorted(self.offsets, self.protected_rows, side="right") - 1, owned=True)
 
     @cached_property
     def protected_counts(self) -> np.ndarray:
         """Protected rows per session, ``(S,)`` int64 (read-only)."""
-        return read_only(np.bincount(self.protected_sessions, minlength=self.num_sessions).astype(np.int64))
+        return read_only(np.bincount(self.protected_sessions, minlength=self.num_sessions).astype(np.int64), owned=True)
 
     @classmethod
     def from_list(cls, xs: Sequence[Any], protected: Sequence[Any] | None = None,
@@ -106,13 +107,13 @@ class RaggedBatch:
         for name, spec in (("protected", protected), ("eligible", eligible)):
             if spec is not None and len(spec) != len(xs):
                 raise ValueError(f"{name} has {len(spec)} entries for {len(xs)} sessions")
-        return cls(
+        return cls(  # arrays built here are made read-only in place: the batch need not copy them
             values=concatenate(xs),
-            offsets=offsets,
-            protected=np.concatenate([index_mask(p, n, f"protected[{s}]", default=False) for s, (p, n) in
-                                      enumerate(zip(per_session if protected is None else protected, lengths))]),
-            eligible=np.concatenate([index_mask(e, n, f"eligible[{s}]", default=True) for s, (e, n) in
-                                     enumerate(zip(per_session if eligible is None else eligible, lengths))]),
+            offsets=read_only(offsets, owned=True),
+            protected=read_only(np.concatenate([index_mask(p, n, f"protected[{s}]", default=False) for s, (p, n) in
+                                enumerate(zip(per_session if protected is None else protected, lengths))]), owned=True),
+            eligible=read_only(np.concatenate([index_mask(e, n, f"eligible[{s}]", default=True) for s, (e, n) in
+                               enumerate(zip(per_session if eligible is None else eligible, lengths))]), owned=True),
         )
 
     def sessions(self, first: int, stop: int) -> RaggedBatch:
@@ -127,10 +128,11 @@ class RaggedBatch:
                 for a, b in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist())]
 
 
-def read_only(a: np.ndarray) -> np.ndarray:
-    """``a`` itself if it is already read-only, else a read-only copy (the caller keeps a writable original)."""
+def read_only(a: np.ndarray, owned: bool = False) -> np.ndarray:
+    """``a`` read-only: itself if it already is or is ``owned`` (made read-only in place), else a read-only copy
+    (the caller keeps its writable original)."""
     if a.flags.writeable:
-        a = a.copy()
+        a = a if owned else a.copy()
         a.flags.writeable = False
     return a
 

@@ -15,13 +15,14 @@ import triton.language as tl
 
 
 @triton.jit
-def tile_product(x_ptr, rows, cols, n, d, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """``X[rows] X[cols]^T`` (BLOCK_M x BLOCK_M, fp32) of one session whose first row is at ``x_ptr``.
+def normalised_tile(x_ptr, inv_norm_ptr, start, rows, cols, n, d, stride_x, BLOCK_M: tl.constexpr,
+                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """``G[rows, cols]`` (BLOCK_M x BLOCK_M, fp32) of the session whose rows start at ``start``; zero past n.
 
     Rows past the session wrap around (``% n``, as in Triton's matmul tutorial) instead of being masked, so
-    the loads are unmasked when ``EVEN_K`` (BLOCK_K divides d); callers drop or zero the wrapped rows."""
+    the loads are unmasked when ``EVEN_K`` (BLOCK_K divides d); their zero scale drops them."""
     ks = tl.arange(0, BLOCK_K)
+    x_ptr += start.to(tl.int64) * stride_x  # the session's rows; offsets inside it fit int32 (n d < 2^31)
     a_ptr = x_ptr + (rows % n)[:, None] * stride_x + ks[None, :]  # BLOCK_M x BLOCK_K
     b_ptr = x_ptr + (cols % n)[None, :] * stride_x + ks[:, None]  # BLOCK_K x BLOCK_M: X^T's tile
     acc = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
@@ -35,7 +36,9 @@ def tile_product(x_ptr, rows, cols, n, d, stride_x, BLOCK_M: tl.constexpr, BLOCK
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         a_ptr += BLOCK_K
         b_ptr += BLOCK_K
-    return acc
+    scale_r = tl.load(inv_norm_ptr + start + rows, mask=rows < n, other=0.0)
+    scale_c = tl.load(inv_norm_ptr + start + cols, mask=cols < n, other=0.0)
+    return acc * scale_r[:, None] * scale_c[None, :]
 
 
 @triton.jit
@@ -49,28 +52,14 @@ def gram_kernel(x_ptr, inv_norm_ptr, offsets_ptr, gram_offsets_ptr, tile_session
     n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
     rows = tl.load(tile_row_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.load(tile_col_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
-    acc = tile_product(x_ptr + start.to(tl.int64) * stride_x, rows, cols, n, d, stride_x, BLOCK_M, BLOCK_K, EVEN_K,
-                       INPUT_PRECISION)
-    scale_r = tl.load(inv_norm_ptr + start + rows, mask=rows < n, other=0.0)
-    scale_c = tl.load(inv_norm_ptr + start + cols, mask=cols < n, other=0.0)
-    acc = acc * scale_r[:, None] * scale_c[None, :]
+    acc = normalised_tile(x_ptr, inv_norm_ptr, start, rows, cols, n, d, stride_x, BLOCK_M, BLOCK_K, EVEN_K,
+                          INPUT_PRECISION)
     # G[i, j] for j >= i from this tile, and the same value at G[j, i] for j > i: the tiles above the diagonal
     # are stored twice, a diagonal tile's lower half is its upper half mirrored (exactly symmetric)
     gram_ptr += tl.load(gram_offsets_ptr + s)
     inside = (rows < n)[:, None] & (cols < n)[None, :]
     tl.store(gram_ptr + rows[:, None] * n + cols[None, :], acc, mask=inside & (cols[None, :] >= rows[:, None]))
     tl.store(gram_ptr + cols[None, :] * n + rows[:, None], acc, mask=inside & (cols[None, :] > rows[:, None]))
-
-
-@triton.jit
-def session_gram(x_ptr, inv_norm_ptr, start, n, d, stride_x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """One whole session's Gram matrix of normalised rows, BLOCK_N x BLOCK_N in registers (zeros past n)."""
-    rows = tl.arange(0, BLOCK_N)
-    acc = tile_product(x_ptr + start.to(tl.int64) * stride_x, rows, rows, n, d, stride_x, BLOCK_N, BLOCK_K, EVEN_K,
-                       INPUT_PRECISION)
-    scale = tl.load(inv_norm_ptr + start + rows, mask=rows < n, other=0.0)
-    return acc * scale[:, None] * scale[None, :]
 
 
 def input_precision(dtype: torch.dtype) -> str:

@@ -53,7 +53,7 @@ def greedy_fused_kernel(
                 for c0 in range(0, n, BLOCK_N):
                     m = c0 + rows < n
                     g = gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, c0, d, stride_x,
-                                        FROM_GRAM, BLOCK_N, BLOCK_D)
+                                       FROM_GRAM, BLOCK_N, BLOCK_D)
                     for k0 in range(0, directions, BLOCK_W):  # C[:, pivot]^T C[:, chunk], BLOCK_W directions a load
                         ks = k0 + slots
                         live = ks < directions

@@ -5,8 +5,8 @@ projections ``C`` (``BLOCK_W x BLOCK_N``, one row per direction) never leave the
 pivot's Gram row comes from ``SOURCE``: ``"gram"`` reads one row of a precomputed G, ``"x"``
 makes one pass over the session's X, ``"chip"`` takes it from the session's whole G, computed
 by the program itself with ``tl.dot`` (tensor cores for fp16/bf16; X read once, nothing else
-from memory). Sessions must
-have at most ``BLOCK_N`` rows and at most ``BLOCK_W`` steps (`resident_fits`).
+from memory). Sessions must have at most ``BLOCK_N`` rows and at most ``BLOCK_W`` steps
+(`resident_fits`).
 """
 
 import numpy as np
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gram import input_precision, session_gram
+from .gram import input_precision, normalised_tile
 from .pivot import gram_row_chunk, session_scalars, should_stop
 
 
@@ -36,7 +36,8 @@ def greedy_resident_kernel(
     m = rows < n
 
     if SOURCE == "chip":
-        gram = session_gram(x_ptr, inv_norm_ptr, start, n, d, stride_x, BLOCK_N, BLOCK_D, EVEN_D, INPUT_PRECISION)
+        gram = normalised_tile(x_ptr, inv_norm_ptr, start, rows, rows, n, d, stride_x, BLOCK_N, BLOCK_D, EVEN_D,
+                               INPUT_PRECISION)  # the session's whole G
     residuals = tl.where(m, 1.0, 0.0)
     candidate = tl.load(candidate_ptr + start + rows, mask=m, other=0) != 0
     projections = tl.zeros([BLOCK_W, BLOCK_N], dtype=tl.float32)  # C: row k = direction k's coordinates
