@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from .costs import Prices
 from .evidence import EvidenceConfig
 
 
@@ -81,9 +82,10 @@ class GEMConfig:
             raise ValueError(f"repay_factor must be positive, got {self.repay_factor}")
         if self.goal_from not in ("latest", "first"):
             raise ValueError(f"goal_from must be 'latest' or 'first', got {self.goal_from!r}")
-        if not 0 <= self.cached_price <= self.uncached_price or self.uncached_price <= 0:
-            raise ValueError(f"need 0 <= cached_price <= uncached_price and uncached_price > 0, got "
-                             f"{self.cached_price} and {self.uncached_price}")
+        try:
+            Prices(self.cached_price, self.uncached_price)  # the one rule for a pair of prices
+        except ValueError as err:
+            raise ValueError(f"cached_price / uncached_price: {err}") from None
 
     @property
     def budgeted(self) -> bool:
