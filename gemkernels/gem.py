@@ -82,13 +82,12 @@ class Compressed:
 
 
 def default_token_counter() -> Callable[[str], int] | None:
-    """o200k token counts through ``bpe-openai`` (offline) when installed, else None. The last 1,024 texts are
-    remembered: the system prompt and task are counted again on every request of a session otherwise."""
+    """o200k token counts through ``bpe-openai`` (offline) when installed, else None."""
     try:
         encode = o200k_encode()
     except ImportError:
         return None
-    return lru_cache(maxsize=1024)(lambda text: len(encode(text)))
+    return lambda text: len(encode(text))
 
 
 class GEM:
@@ -102,6 +101,9 @@ class GEM:
         self.encoder = make_encoder(encoder) if isinstance(encoder, str) else encoder
         self.store = store or SessionStore()
         self.count_tokens = default_token_counter() if token_counter == "auto" else token_counter
+        # blocks carry their token counts in the session's block cache; the messages outside blocks (system
+        # prompt, task) come back on every request, so the last 1,024 of those texts are remembered
+        self.count_other_tokens = None if self.count_tokens is None else lru_cache(maxsize=1024)(self.count_tokens)
         self.select_fn = select_fn
 
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None) -> Compressed:
@@ -180,7 +182,7 @@ class GEM:
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
         if self.count_tokens is not None:
-            other = sum(self.count_tokens(serialise(messages[p]))
+            other = sum(self.count_other_tokens(serialise(messages[p]))
                         for p in range(len(messages)) if p not in history.block_positions)
             tokens_before = other + sum(info.tokens for info in infos)
             tokens_after = tokens_before - sum(infos[b].tokens for b in removed)

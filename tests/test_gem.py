@@ -233,12 +233,13 @@ def test_the_block_cache_holds_only_the_blocks_of_the_last_request():
     assert result.stats.encoded_blocks == 1 and len(cache) == 20
 
 
-def test_the_default_token_counter_counts_a_repeated_prefix_once():
-    pytest.importorskip("bpe_openai")
-    gem = GEM("paper", encoder=HashEncoder(64))
+def test_token_counts_of_a_repeated_prefix_and_of_blocks_are_made_once():
+    counted: list[str] = []
+    gem = GEM("paper", encoder=HashEncoder(64), token_counter=lambda text: counted.append(text) or len(text))
     messages = synthetic_history(20, seed=3)
     messages[0] = {**messages[0], "content": "You are a coding agent. " * 500}  # a long system prompt
     for _ in range(3):
         gem.compress([dict(m) for m in messages], session_id="t")
-    info = gem.count_tokens.cache_info()
-    assert info.hits >= 2 * 2 and info.misses == 20 * 2 + 2  # system and task once; each block's two messages once
+    assert len(counted) == 2 + 20 * 2  # system and task once; each block's two messages once (block cache)
+    info = gem.count_other_tokens.cache_info()
+    assert info.misses == 2 and info.hits == 2 * 2  # the messages outside blocks: counted on the first request
