@@ -2,11 +2,11 @@
 
     python -m bench.select_floor [--out DIR] [--only numpy torch gpu gram] [--repeats-scale X]
 
-a. numpy, one session (n=512, d=1024, tau=1.0, k=16: exactly 16 steps, float32): ``gk.select``
-   against the sequential floor (16 back-to-back ``X @ v``, the matrix-vector products the greedy
-   cannot avoid) and against one GEMM ``X @ Q.T`` with 16 rows in Q.
+a. CPU backends, one session (n=512, d=1024, tau=1.0, k=16: exactly 16 steps, float32): ``gk.select``
+   on numpy (and numba, where installed) against the sequential floor (16 back-to-back ``X @ v``, the
+   matrix-vector products the greedy cannot avoid) and against one GEMM ``X @ Q.T`` with 16 rows in Q.
 b. torch on the CPU, 64 sessions of 64 x 384 (tau=0.9, k=16): one ``select_batch`` against 64
-   ``select`` calls; the numpy backend on the same batch alongside.
+   ``select`` calls; the numpy and numba backends on the same batch alongside.
 c. CUDA only: each triton path (gram, fused, stepwise) against the torch backend at S=1024,
    n=256, d=1024, b=16 in fp32 and bf16, and the time to read X once at the measured
    device-to-device copy bandwidth. Skipped, with a note, without a GPU.
@@ -101,12 +101,12 @@ def bench_numpy(rec: Recorder, repeats: int) -> None:
     n, d, b = case.n, case.d, case.k
     x = cases.numpy_sessions(case)[0]
     bytes_moved, flops = b * n * d * x.itemsize, 2 * n * d * b
-    rec.section(f"a. numpy backend, one session (n={n}, d={d}, {b} steps, float32)",
-                f"floor: {b} passes over X = {b} x {n}*{d}*{x.itemsize} B = {bytes_moved / 1e6:.1f} MB moved, "
-                f"2*n*d*b = {flops / 1e6:.1f} MFLOP")
+    rec.section(f"a. CPU backends (numpy, and numba where installed), one session (n={n}, d={d}, {b} steps, "
+                f"float32)", f"floor: {b} passes over X = {b} x {n}*{d}*{x.itemsize} B = {bytes_moved / 1e6:.1f} MB "
+                f"moved, 2*n*d*b = {flops / 1e6:.1f} MFLOP")
 
-    def select():
-        return gk.select(x, tau=case.tau, k=case.k, backend="numpy")
+    def select(backend: str):
+        return lambda: gk.select(x, tau=case.tau, k=case.k, backend=backend)
 
     def floor():
         for i in range(b):
@@ -117,16 +117,19 @@ def bench_numpy(rec: Recorder, repeats: int) -> None:
     def gemm():
         return x @ q.T
 
-    expect_steps([len(select().indices)], b, "numpy select")
-    t = compare({"floor": floor, "gemm": gemm, "select": select}, repeats)
+    backends = [name for name in ("numpy", "numba") if name in gk.available_backends()]
+    for name in backends:
+        expect_steps([len(select(name)().indices)], b, f"{name} select")
+    t = compare({"floor": floor, "gemm": gemm} | {name: select(name) for name in backends}, repeats)
     config = case.describe() | {"dtype": "float32"}
     rec.row(f"sequential floor ({b} x X@v)", config, t["floor"],
             bytes_moved=bytes_moved, flops=flops, gb_per_s=bytes_moved / t["floor"].median / 1e9)
     rec.row("one GEMM X@Q.T", config, t["gemm"], {"gemm/floor": t["gemm"].median / t["floor"].median},
             gflop_per_s=flops / t["gemm"].median / 1e9)
-    rec.row("gk.select numpy", config, t["select"],
-            {"select/floor": t["select"].median / t["floor"].median,
-             "select/gemm": t["select"].median / t["gemm"].median}, target="select/floor <= 1.5")
+    for name in backends:
+        rec.row(f"gk.select {name}", config | {"backend": name}, t[name],
+                {"select/floor": t[name].median / t["floor"].median,
+                 "select/gemm": t[name].median / t["gemm"].median}, target="select/floor <= 1.5")
 
 
 # --------------------------------------------------------------------------- b. torch batch against a loop
@@ -147,18 +150,23 @@ def bench_torch(rec: Recorder, repeats: int) -> None:
     def torch_loop():
         return [gk.select(x, backend="torch", **kw) for x in xs]
 
-    def numpy_batch():
-        return gk.select_batch(xn, backend="numpy", **kw)
+    def cpu_batch(backend: str):
+        return lambda: gk.select_batch(xn, backend=backend, **kw)
 
-    for name, fn in (("torch batch", torch_batch), ("torch loop", torch_loop), ("numpy batch", numpy_batch)):
+    contenders = {"torch loop": torch_loop, "torch batch": torch_batch} | {
+        f"{name} batch": cpu_batch(name) for name in ("numpy", "numba") if name in gk.available_backends()}
+    for name, fn in contenders.items():
         expect_steps([len(s.indices) for s in fn()], case.k, name)
-    t = compare({"torch loop": torch_loop, "torch batch": torch_batch, "numpy batch": numpy_batch}, repeats)
+    t = compare(contenders, repeats)
     config = case.describe() | {"dtype": "float32", "device": "cpu"}
     rec.row(f"{case.sessions} x gk.select torch", config, t["torch loop"])
     rec.row("1 x gk.select_batch torch", config, t["torch batch"],
             {"speed-up loop/batch": t["torch loop"].median / t["torch batch"].median}, target="speed-up >= 5")
-    rec.row("1 x gk.select_batch numpy", config, t["numpy batch"],
-            {"numpy/torch batch": t["numpy batch"].median / t["torch batch"].median})
+    for name in contenders:
+        if name.endswith(" batch") and name != "torch batch":
+            backend = name.split()[0]
+            rec.row(f"1 x gk.select_batch {backend}", config | {"backend": backend}, t[name],
+                    {f"{backend}/torch batch": t[name].median / t["torch batch"].median})
 
 
 # --------------------------------------------------------------------------- c. GPU: triton paths against torch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -28,22 +29,22 @@ def select(x: Any, protected: Any = None, eligible: Any = None, tau: float = DEF
     n = int(x.shape[0])
     protected_mask = index_mask(protected, n, "protected", default=False)
     eligible_mask = index_mask(eligible, n, "eligible", default=True)
-    if backend in ("auto", "numpy") and library_of(x) == NUMPY:
-        return select_numpy(x, protected_mask, eligible_mask, check_tau(tau), check_k(k), check_eps(eps))
+    if backend in ("auto", "numpy", "numba") and library_of(x) == NUMPY:
+        impl = numpy_backend if backend != "numba" else get_backend(backend)
+        return select_numpy(impl, x, protected_mask, eligible_mask, check_tau(tau), check_k(k), check_eps(eps))
     batch = RaggedBatch(values=x, offsets=np.array([0, n], dtype=np.int64), protected=protected_mask,
                         eligible=eligible_mask)
     return select_ragged(batch, tau=tau, k=k, eps=eps, backend=backend).sessions()[0]
 
 
-def select_numpy(x: np.ndarray, protected: np.ndarray, eligible: np.ndarray, tau: float, k: int,
+def select_numpy(impl: ModuleType, x: np.ndarray, protected: np.ndarray, eligible: np.ndarray, tau: float, k: int,
                  eps: float) -> Selection:
-    """`select` for one numpy session without the batch layout (a small call costs about half as much);
-    float16 rows are widened once, for the norms and the selection alike."""
+    """`select` for one numpy session on a CPU backend (``impl``: numpy or numba) without the batch layout (a
+    small call costs about half as much); float16 rows are widened once, for the norms and the selection alike."""
     x = x.astype(numpy_backend.compute_dtype(x), copy=False)
     num_protected = int(protected.sum())
     capacity = int(session_capacity(k, num_protected, x.shape[0]))
-    order, coverage, residuals = numpy_backend.select_one(x, row_sq_norms(x), protected, eligible, tau, capacity,
-                                                          eps)
+    order, coverage, residuals = impl.select_one(x, row_sq_norms(x), protected, eligible, tau, capacity, eps)
     return Selection(indices=np.asarray(order, dtype=np.int64), coverage=coverage, residuals=residuals,
                      num_protected=num_protected, stop=stop_reason(len(order), capacity, coverage, tau))
 

@@ -17,8 +17,8 @@ Contracts (issue 6):
 - selection and block encoding of concurrent requests run batched (`gemkernels.batching`);
 - bounded: at most ``max_pending`` compressions queued or running, GEM's session store bounded;
   shutdown (uvicorn's graceful shutdown) drains in-flight requests before the batchers stop;
-- with ``--set backend=triton`` on a GPU the selection kernels are compiled at start-up, not on the
-  first requests (`triton_backend.warm_up`).
+- with ``--set backend=triton`` on a GPU, or ``--set backend=numba``, the selection kernels are compiled at
+  start-up, not on the first requests (`triton_backend.warm_up`, `numba_backend.warm_up`).
 
 Also ``POST /v1/gem/compress`` (``{"messages", "session_id"?, "goal"?}`` -> ``{"messages", "stats"}``,
 400 for a malformed body), ``GET /healthz`` and ``GET /metrics`` (Prometheus text).
@@ -49,7 +49,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .batching import BatchingEncoder, SelectionBatcher
-from .config import OVERRIDE_HELP, PRESETS, with_overrides
+from .config import OVERRIDE_HELP, PRESETS, GEMConfig, with_overrides
 from .encoders import ENCODER_HELP, make_encoder
 from .evidence import json_object
 from .gem import GEM, PASSTHROUGH, Compressed
@@ -208,26 +208,38 @@ def upstream_url(base: str, path: str) -> str:
 
 
 def warm_up_kernels(compressor: Compressor) -> None:
-    """With ``backend=triton`` on a GPU, compile the selection kernels before the first request (logged; a
-    failure is logged and left to the requests, which then go out uncompressed)."""
+    """Compile the selection kernels before the first request: ``backend=triton`` on a GPU, or ``backend=numba``
+    (logged; a failure is logged and left to the requests, which then go out uncompressed)."""
     cfg = compressor.gem.config
-    if cfg.backend != "triton":
+    start = time.perf_counter()
+    try:
+        compiled = compile_selection_kernels(cfg, compressor.encoder.dim)
+    except Exception:
+        logger.exception("could not compile the %s selection kernels ahead of the first request", cfg.backend)
         return
+    if compiled:
+        logger.info("compiled the %s selection kernels %s in %.1f s", cfg.backend, compiled,
+                    time.perf_counter() - start)
+
+
+def compile_selection_kernels(cfg: GEMConfig, dim: int) -> str | None:
+    """Run the backend's warm-up; what it compiled, or None when the backend compiles nothing ahead."""
+    if cfg.backend == "numba":
+        from .backends import numba_backend
+
+        numba_backend.warm_up(dim)
+        return f"for float32 rows of {dim} dimensions"
+    if cfg.backend != "triton":
+        return None
     import torch
 
     if not torch.cuda.is_available():
-        return
+        return None
     from .backends import triton_backend
 
-    start = time.perf_counter()
-    try:
-        runs = triton_backend.warm_up(compressor.encoder.dim, None if cfg.keep_recent_size else cfg.k,
-                                      max_rows=2 * triton_backend.GRAM_MAX_ROWS)
-    except Exception:
-        logger.exception("could not compile the triton selection kernels ahead of the first request")
-        return
-    logger.info("compiled the triton selection kernels for sessions of up to %d rows in %.1f s", runs[-1][0],
-                time.perf_counter() - start)
+    runs = triton_backend.warm_up(dim, None if cfg.keep_recent_size else cfg.k,
+                                  max_rows=2 * triton_backend.GRAM_MAX_ROWS)
+    return f"for sessions of up to {runs[-1][0]} rows"
 
 
 def error_response(status: int, kind: str, message: str) -> JSONResponse:

@@ -39,10 +39,12 @@ HAS_CUDA = torch is not None and torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRETED = not HAS_CUDA and os.environ.get("TRITON_INTERPRET") == "1"
 
-EXPECTED_BACKENDS = ("numpy", "torch", "triton")
+EXPECTED_BACKENDS = ("numpy", "numba", "torch", "triton")
 
 
 def backend_marks(name: str) -> list:
+    if name == "numba" and importlib.util.find_spec("numba") is None:
+        return [pytest.mark.skip(reason="the numba backend needs numba, which is not installed")]
     if name in ("torch", "triton") and torch is None:
         return [pytest.mark.skip(reason=f"the {name} backend needs torch, which is not installed")]
     if name == "triton" and not HAS_TRITON:
@@ -54,7 +56,7 @@ def backend_marks(name: str) -> list:
 
 BACKEND_NAMES = list(EXPECTED_BACKENDS) + [b for b in gk.available_backends() if b not in EXPECTED_BACKENDS]
 BACKENDS = [pytest.param(b, id=b, marks=backend_marks(b)) for b in BACKEND_NAMES]
-CPU_TENSOR_BACKENDS = [pytest.param(b, id=b, marks=backend_marks(b)) for b in ("numpy", "torch")]
+CPU_BACKENDS = [pytest.param(b, id=b, marks=backend_marks(b)) for b in ("numpy", "numba", "torch")]
 
 
 def interpreted(backend: str) -> bool:
@@ -221,7 +223,7 @@ def random_problem(rng: np.random.Generator, n: int, d: int, max_k: int = 32):
 def random_params():
     out = []
     for b in BACKEND_NAMES:
-        dtypes = ["float32", "float16"] + (["float64"] if b == "numpy" else [])
+        dtypes = ["float32", "float16"] + (["float64"] if b in ("numpy", "numba") else [])
         for dt in dtypes:
             for n, d in shapes_for(b):
                 out.append(pytest.param(b, dt, n, d, id=f"{b}-{dt}-n{n}-d{d}", marks=backend_marks(b)))
@@ -360,8 +362,9 @@ def test_batch_equals_single_and_reference(backend):
         assert batch[s].num_protected == single.num_protected == ref.num_protected
 
 
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=backend_marks(b)) for b in ("numpy", "numba")])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-def test_numpy_single_session_path_is_the_batch_path_exactly(dtype):
+def test_numpy_single_session_path_is_the_batch_path_exactly(dtype, backend):
     """`select` on one numpy session skips the batch layout; its answer must be bit for bit the batch path's."""
     rng = np.random.default_rng(21)
     for _ in range(60):
@@ -369,8 +372,8 @@ def test_numpy_single_session_path_is_the_batch_path_exactly(dtype):
         x = rng.standard_normal((n, d)).astype(dtype)
         p = rng.choice(n, size=int(rng.integers(0, min(n, 4) + 1)), replace=False)
         tau, k = float(rng.choice([0.5, 0.9, 1.0])), int(rng.integers(0, n + 1))
-        one = gk.select(x, protected=p, tau=tau, k=k)
-        batch = gk.select_batch([x], protected=[p], tau=tau, k=k)[0]
+        one = gk.select(x, protected=p, tau=tau, k=k, backend=backend)
+        batch = gk.select_batch([x], protected=[p], tau=tau, k=k, backend=backend)[0]
         assert to_np(one.indices).tolist() == to_np(batch.indices).tolist()
         assert (one.coverage, one.stop, one.num_protected) == (batch.coverage, batch.stop, batch.num_protected)
         assert np.array_equal(one.residuals, batch.residuals) and one.residuals.dtype == batch.residuals.dtype
@@ -529,7 +532,7 @@ def test_auto_backend_follows_the_input():
     assert isinstance(gk.select(x, k=2).indices, np.ndarray)
 
 
-@pytest.mark.parametrize("backend", CPU_TENSOR_BACKENDS)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_bf16_torch_input(backend):
     rng = np.random.default_rng(22)
     x = torch.from_numpy(make_x(rng, 50, 40, "clustered")).to(torch.bfloat16)
@@ -798,7 +801,7 @@ PROPERTY_SETTINGS = settings(max_examples=int(os.environ.get("GK_HYPOTHESIS_EXAM
                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@pytest.mark.parametrize("backend", CPU_TENSOR_BACKENDS)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 @PROPERTY_SETTINGS
 @given(problem=problems())
 def test_properties(backend, problem):
@@ -822,7 +825,7 @@ def test_properties(backend, problem):
     assert abs(sel.coverage - rp.coverage) <= tol.coverage + tol.coverage_slack / rp.min_pivot
 
 
-@pytest.mark.parametrize("backend", CPU_TENSOR_BACKENDS)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 @PROPERTY_SETTINGS
 @given(problem=problems(), extra=st.integers(1, 16))
 def test_coverage_never_falls_as_k_grows(backend, problem, extra):

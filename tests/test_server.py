@@ -380,3 +380,29 @@ def test_triton_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrid
     with caplog.at_level(logging.ERROR, logger="gemkernels.server"), TestClient(create_app(config)) as client:
         assert client.get("/healthz").status_code == 200
     assert "could not compile the triton selection kernels" in caplog.text and len(calls) == 2
+
+
+def test_numba_kernels_compile_at_start_up(monkeypatch, caplog):
+    """``backend=numba``: `numba_backend.warm_up` runs once before the app serves, with the encoder's dimension; a
+    failing warm-up is logged and serving goes on."""
+    pytest.importorskip("numba")
+    from starlette.testclient import TestClient
+
+    from gemkernels.backends import numba_backend
+
+    calls = []
+
+    def warm_up(dim):
+        calls.append(dim)
+        if len(calls) > 1:
+            raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(numba_backend, "warm_up", warm_up)
+    config = ServerConfig(upstream="http://127.0.0.1:9", preset="paper", overrides=("backend=numba",),
+                          encoder="hash-64")
+    with TestClient(create_app(config)) as client:
+        assert client.get("/healthz").status_code == 200
+    assert calls == [64]
+    with caplog.at_level(logging.ERROR, logger="gemkernels.server"), TestClient(create_app(config)) as client:
+        assert client.get("/healthz").status_code == 200
+    assert "could not compile the numba selection kernels" in caplog.text and len(calls) == 2

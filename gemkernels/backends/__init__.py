@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from ..arrays import CUPY, NUMPY, TORCH, is_cuda, library_of
 
-BACKENDS = ("numpy", "torch", "triton", "cupy")
+BACKENDS = ("numpy", "numba", "torch", "triton", "cupy")
 
 
 class BackendUnavailableError(RuntimeError):
@@ -37,6 +37,12 @@ def unavailable_reason(name: str) -> str | None:
     if name not in BACKENDS:
         return f"unknown backend {name!r}; choose one of {', '.join(('auto',) + BACKENDS)}"
     if name == "numpy":
+        return None
+    if name == "numba":
+        try:
+            importlib.import_module("numba")
+        except ImportError:
+            return "the numba backend needs numba: pip install 'gemkernels[numba]'"
         return None
     if name == "cupy":
         return ("there is no separate CuPy backend: CuPy arrays run zero-copy (DLPack) on the triton "

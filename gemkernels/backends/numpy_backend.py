@@ -47,10 +47,14 @@ def compute_dtype(values: np.ndarray) -> type:
 def select_one(x: np.ndarray, sq_norms: np.ndarray, protected: np.ndarray, eligible: np.ndarray, tau: float,
                capacity: int, eps: float) -> tuple[list[int], float, np.ndarray]:
     """One session from raw rows, their squared norms and its masks: (order, coverage, residuals)."""
-    dtype = compute_dtype(x)
-    inv_norms = (1.0 / np.sqrt(sq_norms)).astype(dtype, copy=False)
-    return select_session(x.astype(dtype, copy=False), inv_norms, np.flatnonzero(protected), eligible, tau,
-                          capacity, eps)
+    x = x.astype(compute_dtype(x), copy=False)
+    return select_session(x, inverse_norms(sq_norms, x.dtype), np.flatnonzero(protected), eligible, tau, capacity,
+                          eps)
+
+
+def inverse_norms(sq_norms: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """1 / ||x_i|| in the compute dtype."""
+    return (1.0 / np.sqrt(sq_norms)).astype(dtype, copy=False)
 
 
 def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, eligible: np.ndarray,

@@ -1,0 +1,122 @@
+"""numba kernels: the whole greedy of a session on one CPU core, sessions spread over the cores.
+
+The CPU analogue of ``greedy_resident``: the pivoted partial Cholesky of ``numpy_backend`` (``U[m] = (X x_j -
+U[:m, j] U[:m]) / (||x_j|| sqrt(r_j))``, ``r -= U[m]^2 / ||x||^2``), compiled, so a step is one pass over X for
+the Gram row (four rows per pass of x_j) and one pass over n rows that updates the residuals and finds the next
+pivot. Nothing of numpy's per-call cost is left between the passes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+# Reassociation lets the dot products vectorise; no nnan/ninf, so -inf stays a value the comparisons see.
+FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+ROWS_PER_PASS = 4
+
+
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
+def gram_row(x: np.ndarray, j: int, out: np.ndarray) -> None:
+    """``out = X @ x_j``, accumulated in X's dtype (as BLAS does), four rows at a time."""
+    n, d = x.shape
+    v = x[j]
+    zero = x.dtype.type(0)
+    stop = n - n % ROWS_PER_PASS
+    for i in range(0, stop, ROWS_PER_PASS):
+        x0, x1, x2, x3 = x[i], x[i + 1], x[i + 2], x[i + 3]
+        a0 = a1 = a2 = a3 = zero
+        for c in range(d):
+            vc = v[c]
+            a0 += x0[c] * vc
+            a1 += x1[c] * vc
+            a2 += x2[c] * vc
+            a3 += x3[c] * vc
+        out[i], out[i + 1], out[i + 2], out[i + 3] = a0, a1, a2, a3
+    for i in range(stop, n):
+        acc = zero
+        for c in range(d):
+            acc += x[i, c] * v[c]
+        out[i] = acc
+
+
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
+def add_direction(x: np.ndarray, inv_norms: np.ndarray, scaled: np.ndarray, m: int, j: int, r_j: float,
+                  residuals: np.ndarray, candidate: np.ndarray) -> tuple[float, int, float]:
+    """Direction ``m`` from pivot ``j`` (residual ``r_j``): updates ``scaled[m]`` and the residuals; returns the
+    energy captured and the candidate with the largest new residual (lowest index on ties; -1 when none)."""
+    new = scaled[m]
+    gram_row(x, j, new)
+    for t in range(m):
+        coefficient = scaled[t, j]
+        previous = scaled[t]
+        for i in range(new.shape[0]):
+            new[i] -= coefficient * previous[i]
+    scale = inv_norms[j] / math.sqrt(r_j)
+    captured = 0.0
+    best, best_r = -1, -np.inf
+    for i in range(new.shape[0]):
+        u = new[i] * scale
+        new[i] = u
+        decrease = u * u * inv_norms[i] * inv_norms[i]
+        captured += decrease
+        r = residuals[i] - decrease
+        residuals[i] = r
+        if candidate[i] and r > best_r:
+            best, best_r = i, r
+    return captured, best, best_r
+
+
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
+def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, candidate: np.ndarray, tau: float,
+                   capacity: int, eps: float, order: np.ndarray, residuals: np.ndarray) -> tuple[int, float]:
+    """DESIGN.md §1 for one session of raw rows: ``protected`` holds its local indices ascending, ``candidate``
+    (eligible and not protected) is consumed. Writes ``order[:count]`` and ``residuals``; returns (count,
+    coverage)."""
+    n = x.shape[0]
+    scaled = np.empty((max(capacity, 1), n), dtype=x.dtype)
+    residuals[:] = 1
+    energy = 0.0
+    directions = 0
+    count = 0
+    best, best_r = -1, -np.inf  # -1: not searched yet (or no candidate left)
+    for j in protected:
+        order[count] = j
+        count += 1
+        if residuals[j] > eps:
+            captured, best, best_r = add_direction(x, inv_norms, scaled, directions, j, residuals[j], residuals,
+                                                   candidate)
+            energy += captured
+            directions += 1
+    if directions == 0:
+        for i in range(n):
+            if candidate[i] and residuals[i] > best_r:
+                best, best_r = i, residuals[i]
+    while count < capacity and energy / n < tau and best >= 0 and best_r > eps:
+        j = best
+        order[count] = j
+        count += 1
+        candidate[j] = False
+        captured, best, best_r = add_direction(x, inv_norms, scaled, directions, j, best_r, residuals, candidate)
+        energy += captured
+        directions += 1
+    remaining = 0.0
+    for i in range(n):
+        residuals[i] = max(residuals[i], 0)
+        remaining += residuals[i]
+    return count, 1.0 - remaining / n
+
+
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath=FASTMATH)
+def select_sessions(values: np.ndarray, inv_norms: np.ndarray, offsets: np.ndarray, protected_rows: np.ndarray,
+                    protected_offsets: np.ndarray, candidate: np.ndarray, tau: np.ndarray, capacity: np.ndarray,
+                    eps: float, indices: np.ndarray, counts: np.ndarray, coverage: np.ndarray,
+                    residuals: np.ndarray) -> None:
+    """`select_session` for every session of a packed batch, sessions in parallel over the cores."""
+    for s in numba.prange(offsets.shape[0] - 1):
+        a, b = offsets[s], offsets[s + 1]
+        protected = protected_rows[protected_offsets[s]:protected_offsets[s + 1]] - a
+        counts[s], coverage[s] = select_session(values[a:b], inv_norms[a:b], protected, candidate[a:b], tau[s],
+                                                capacity[s], eps, indices[s], residuals[a:b])

@@ -1,0 +1,121 @@
+"""The numba kernels (``kernels/greedy_cpu.py``) on their own and under load: the Gram row against float64, many
+sessions in parallel against the float64 reference, and concurrent callers (the selections' contract is tested
+for every backend in test_select.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import gemkernels as gk
+from test_select import backend_marks, check_selection, make_x, to_np
+
+pytestmark = backend_marks("numba")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 17, 255])
+@pytest.mark.parametrize("d", [1, 7, 33, 384])
+def test_gram_row_matches_float64(n, d, dtype):
+    """Four rows a pass plus the n % 4 tail: every row's dot with x_j, against a float64 product."""
+    from gemkernels.kernels.greedy_cpu import gram_row
+
+    rng = np.random.default_rng(n * 31 + d)
+    x = rng.standard_normal((n, d)).astype(dtype)
+    x64 = x.astype(np.float64)
+    for j in {0, n // 2, n - 1}:
+        out = np.full(n, np.nan, dtype=dtype)
+        gram_row(x, j, out)
+        tol = (1e-5 if dtype == np.float32 else 1e-12) * np.sqrt(d) * np.abs(x64).max() ** 2
+        np.testing.assert_allclose(out, x64 @ x64[j], rtol=0, atol=tol)
+
+
+def many_sessions(rng: np.random.Generator, sessions: int, d: int):
+    """Sessions of mixed lengths (1, 17, 255 and random) with random protected sets, masks, tau and k."""
+    ns = rng.choice([1, 2, 17, 64, 255, int(rng.integers(1, 300))], size=sessions).tolist()
+    xs = [make_x(rng, n, d, kind).astype(np.float32)
+          for n, kind in zip(ns, rng.choice(["gaussian", "lowrank", "clustered", "embedding"], size=sessions))]
+    ps = [rng.choice(n, size=int(rng.integers(0, min(n, 5) + 1)), replace=False) for n in ns]
+    es = [rng.random(n) < 0.8 for n in ns]
+    taus = rng.choice([0.5, 0.9, 0.99, 1.0], size=sessions)
+    ks = rng.integers(0, 24, size=sessions)
+    return xs, ps, es, taus, ks
+
+
+def test_parallel_sessions_match_the_reference_and_the_single_session_path():
+    """Sessions run on the cores in parallel; each must be the reference's answer and the serial path's exactly."""
+    rng = np.random.default_rng(8)
+    xs, ps, es, taus, ks = many_sessions(rng, 48, 37)
+    batch = gk.select_batch(xs, protected=ps, eligible=es, tau=taus, k=ks, backend="numba")
+    for x, p, e, tau, k, sel in zip(xs, ps, es, taus.tolist(), ks.tolist(), batch):
+        check_selection(sel, x, p, e, tau, k)
+        one = gk.select(x, protected=p, eligible=e, tau=tau, k=k, backend="numba")
+        assert to_np(one.indices).tolist() == to_np(sel.indices).tolist()
+        assert np.array_equal(one.residuals, sel.residuals) and one.coverage == sel.coverage
+
+
+def test_numba_agrees_with_numpy_where_the_answer_is_unambiguous():
+    """Same formulation, compiled: the same rows, and coverage and residuals within float32 rounding."""
+    rng = np.random.default_rng(9)
+    xs, ps, es, taus, ks = many_sessions(rng, 64, 50)
+    compiled = gk.select_batch(xs, protected=ps, eligible=es, tau=taus, k=ks, backend="numba")
+    plain = gk.select_batch(xs, protected=ps, eligible=es, tau=taus, k=ks, backend="numpy")
+    same = 0
+    for a, b in zip(compiled, plain):
+        if to_np(a.indices).tolist() == to_np(b.indices).tolist():
+            same += 1
+            assert abs(a.coverage - b.coverage) <= 1e-5
+            np.testing.assert_allclose(a.residuals, b.residuals, rtol=0, atol=1e-5)
+    assert same >= 60, f"only {same} of 64 sessions chose the same rows"  # near-ties may differ in rounding
+
+
+def test_concurrent_callers_get_their_own_answers():
+    """The server calls from many threads; the parallel kernel must neither crash nor mix sessions up."""
+    rng = np.random.default_rng(10)
+    problems = [many_sessions(rng, 12, 24) for _ in range(4)]
+    expected = [[to_np(s.indices).tolist() for s in gk.select_batch(xs, protected=ps, eligible=es, tau=taus, k=ks,
+                                                                      backend="numba")]
+                for xs, ps, es, taus, ks in problems]
+    got: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def call(i: int) -> None:
+        xs, ps, es, taus, ks = problems[i % len(problems)]
+        try:
+            for _ in range(5):
+                sels = gk.select_batch(xs, protected=ps, eligible=es, tau=taus, k=ks, backend="numba")
+                got.setdefault(i, []).append([to_np(s.indices).tolist() for s in sels])
+                gk.select(xs[0], protected=ps[0], tau=float(taus[0]), k=int(ks[0]), backend="numba")
+        except BaseException as err:  # noqa: BLE001 - reported below, with the thread's failure
+            errors.append(err)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, runs in got.items():
+        assert all(run == expected[i % len(problems)] for run in runs), f"thread {i}"
+    assert len(got) == 8
+
+
+def test_the_callers_masks_are_left_alone():
+    rng = np.random.default_rng(11)
+    x = make_x(rng, 30, 9, "gaussian").astype(np.float32)
+    eligible = rng.random(30) < 0.7
+    before = eligible.copy()
+    gk.select(x, protected=[2], eligible=eligible, k=6, backend="numba")
+    gk.select_batch([x, x], protected=[[2], []], eligible=[eligible, eligible], k=6, backend="numba")
+    assert np.array_equal(eligible, before)
+
+
+def test_warm_up_compiles_both_kernels_for_float32():
+    from gemkernels.backends import numba_backend
+    from gemkernels.kernels import greedy_cpu
+
+    numba_backend.warm_up(24)
+    for kernel in (greedy_cpu.select_session, greedy_cpu.select_sessions):
+        assert any(str(sig[0]).startswith("array(float32, 2d") for sig in kernel.signatures), kernel.signatures
