@@ -30,11 +30,17 @@ def check_selection(indices, n: int, k: int) -> None:
     assert ((idx >= 0) & (idx < n)).all()
 
 
-def test_numpy_one_session(benchmark):
+CPU_BACKENDS = ["numpy", pytest.param("numba", marks=pytest.mark.skipif(
+    "numba" not in gk.available_backends(), reason="the numba backend needs numba"))]
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_cpu_one_session(benchmark, backend):
     case = cases.NUMPY_ONE
     x = cases.numpy_sessions(case)[0]
     benchmark.extra_info.update(case.describe())
-    sel = benchmark(gk.select, x, tau=case.tau, k=case.k, backend="numpy")
+    gk.select(x, tau=case.tau, k=case.k, backend=backend)  # numba compiles (or loads its cache) before timing
+    sel = benchmark(gk.select, x, tau=case.tau, k=case.k, backend=backend)
     check_selection(sel.indices, case.n, case.k)
     assert sel.residuals.shape == (case.n,)
     assert 0.0 < sel.coverage < 1.0
@@ -51,8 +57,9 @@ def bench_cpu_batch(benchmark, xs, backend: str) -> None:
         assert tuple(sel.residuals.shape) == (case.n,)
 
 
-def test_numpy_batch(benchmark):
-    bench_cpu_batch(benchmark, cases.numpy_sessions(cases.TORCH_BATCH), "numpy")
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_cpu_batch(benchmark, backend):
+    bench_cpu_batch(benchmark, cases.numpy_sessions(cases.TORCH_BATCH), backend)
 
 
 def test_torch_cpu_batch(benchmark):

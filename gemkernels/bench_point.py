@@ -30,7 +30,9 @@ ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: fixed: tau = 1.0 and k = b, so random rows take exactly min(b, n, d) steps; tau: tau = 0.9, at most b steps.
 MODES = {"fixed": 1.0, "tau": 0.9}
 #: Contender names: a backend, or a triton path forced through `triton_backend.OPTIONS`.
-CONTENDERS = ("numpy", "torch", "triton-gram", "triton-fused", "triton-stepwise")
+CONTENDERS = ("numpy", "numba", "torch", "triton-gram", "triton-fused", "triton-stepwise")
+#: Contenders that take numpy inputs (numpy has no bfloat16).
+NUMPY_CONTENDERS = ("numpy", "numba")
 #: Suffix of a triton contender that keeps the greedy state in global memory even where it fits in registers.
 GLOBAL_STATE = "-global"
 #: Contenders run only when named: the register-resident greedy's A/B counterparts.
@@ -102,7 +104,7 @@ def split_contender(name: str) -> tuple[str, str | None]:
 
 def library(contender: str) -> str:
     """The array library a contender's inputs are given in."""
-    return NUMPY if contender == "numpy" else TORCH
+    return NUMPY if contender in NUMPY_CONTENDERS else TORCH
 
 
 @contextlib.contextmanager
@@ -166,7 +168,7 @@ def memory_need(point: Point, contenders: list[str], copies: int, device: str) -
     """Conservative peak bytes per memory ("cpu" host, "cuda" device) for ``copies`` inputs plus the
     largest backend's workspace: torch pads and normalises in fp32 (about 3 fp32 copies of X), triton
     takes one fp32 temporary (plus the n^2 Gram matrices for gram, launched in groups that fit its budget, none
-    when G is computed on chip), numpy widens fp16 to fp32."""
+    when G is computed on chip), numpy and numba widen fp16 to fp32."""
     x32 = point.sessions * point.n * point.d * 4
     gram = 4 * point.sessions * point.n ** 2
     if any(c.startswith("triton-gram") for c in contenders):
@@ -180,7 +182,7 @@ def memory_need(point: Point, contenders: list[str], copies: int, device: str) -
     work |= {c: work[c.removesuffix(GLOBAL_STATE)] + 4 * point.sessions * point.n * point.b for c in VARIANTS}
     need = {device: copies * point.x_bytes + max([x32 if point.dtype != "fp32" else 0] +
                                                   [work[c] for c in contenders if c in work])}
-    if "numpy" in contenders:
+    if any(c in NUMPY_CONTENDERS for c in contenders):
         host = (copies * point.x_bytes if device != "cpu" else 0) + (x32 if point.dtype == "fp16" else 0)
         need["cpu"] = need.get("cpu", 0) + host
     return need

@@ -13,12 +13,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from .bench_point import CONTENDERS, VARIANTS
 from .bench_timing import fmt_seconds
 from .plotting import pyplot
 
 KEY = ("mode", "dtype", "sessions", "n", "d", "b", "backend", "device")
-ORDER = {"numpy": 0, "torch": 1, "triton-gram": 2, "triton-fused": 3, "triton-stepwise": 4, "triton-gram-global": 5,
-         "triton-fused-global": 6}
+ORDER = {name: i for i, name in enumerate(CONTENDERS + VARIANTS)}
 
 #: The issue's targets: (label, the point, metric of the best triton path, goal). Ratios, never pass/fail.
 TARGETS = (
@@ -50,7 +50,7 @@ def latest(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[st
             notes[rec["note"]] = None
     ordered = sorted(points.values(), key=lambda r: (
         r["config"]["device"], r["config"]["mode"], r["config"]["dtype"], r["config"]["sessions"], r["config"]["n"],
-        r["config"]["d"], ORDER.get(r["config"]["backend"], 9)))
+        r["config"]["d"], ORDER.get(r["config"]["backend"], len(ORDER))))
     return ordered, list(notes)
 
 
@@ -159,7 +159,7 @@ def plot_throughput(points: list[dict[str, Any]], path: Path) -> None:
         for row, axis in enumerate(("n", "d", "sessions")):
             ax = axes[row][col]
             fixed, recs = best_slice(subset, axis)
-            for backend in sorted({r["config"]["backend"] for r in recs}, key=lambda b: ORDER.get(b, 9)):
+            for backend in sorted({r["config"]["backend"] for r in recs}, key=lambda b: ORDER.get(b, len(ORDER))):
                 line = sorted((r["config"][axis], r["metrics"]["blocks_per_s"]) for r in recs
                               if r["config"]["backend"] == backend)
                 ax.plot(*zip(*line), marker="o", label=backend,  # dashed: the greedy state in global memory
@@ -183,7 +183,7 @@ def plot_roofline(points: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot("bench")
     markers = {"fp32": "o", "fp16": "s", "bf16": "^"}
     fig, ax = plt.subplots(figsize=(8, 5))
-    for backend in sorted({r["config"]["backend"] for r in points}, key=lambda b: ORDER.get(b, 9)):
+    for backend in sorted({r["config"]["backend"] for r in points}, key=lambda b: ORDER.get(b, len(ORDER))):
         color = None
         for dtype, marker in markers.items():
             recs = [r for r in points if r["config"]["backend"] == backend and r["config"]["dtype"] == dtype]

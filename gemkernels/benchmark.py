@@ -24,7 +24,8 @@ from typing import Any
 
 from .backends import unavailable_reason
 from .bench_machine import environment, measure_ceilings
-from .bench_point import CONTENDERS, DTYPES, MODES, VARIANTS, Point, Settings, measure_point, split_contender
+from .bench_point import (CONTENDERS, DTYPES, MODES, NUMPY_CONTENDERS, VARIANTS, Point, Settings, measure_point,
+                          split_contender)
 from .bench_report import write_report
 from .bench_timing import cpu_call, cuda_call, fmt_seconds
 
@@ -34,9 +35,9 @@ FULL_GRID: dict[str, tuple] = {"mode": tuple(MODES), "dtype": tuple(DTYPES), "se
 GPU_ONLY_SESSIONS = (8192,)
 QUICK_GRID: dict[str, dict[str, tuple]] = {
     "cuda": {"mode": ("fixed",), "dtype": ("bf16",), "sessions": (64, 1024), "n": (64, 256, 1024),
-             "d": (384, 1024), "backend": CONTENDERS[1:]},
+             "d": (384, 1024), "backend": tuple(c for c in CONTENDERS if c not in NUMPY_CONTENDERS)},
     "cpu": {"mode": ("fixed",), "dtype": ("fp32",), "sessions": (1, 64), "n": (16, 64, 256), "d": (384,),
-            "backend": ("numpy", "torch")},
+            "backend": ("numpy", "numba", "torch")},
 }
 DEFAULTS = {"cuda": {"repeats": 50}, "cpu": {"repeats": 20}}
 
@@ -166,8 +167,8 @@ def sweep(points: list[Point], contenders: list[str], settings: Settings, out: P
     excluded = left_out(contenders, settings.device)
     contenders = [c for c in contenders if c not in excluded]
     notes = [f"{c} left out: {why}" for c, why in excluded.items()]
-    if "numpy" in contenders and "bf16" in {p.dtype for p in points}:
-        notes.append("numpy left out at bf16 points: numpy has no bfloat16")
+    for name in (c for c in contenders if c in NUMPY_CONTENDERS and "bf16" in {p.dtype for p in points}):
+        notes.append(f"{name} left out at bf16 points: numpy has no bfloat16")
     dtypes = sorted({p.dtype for p in points})
     ceilings = measure_ceilings(settings.device, {name: DTYPES[name] for name in dtypes})
     say(f"ceilings: copy {ceilings.copy_bytes_per_s / 1e9:.1f} GB/s (read + write), matmul " +
@@ -188,7 +189,7 @@ def sweep(points: list[Point], contenders: list[str], settings: Settings, out: P
                 notes.append(f"time budget of {time_budget:g} s spent: {len(points) - i} of {len(points)} points "
                              f"not run (from {point})")
                 break
-            names = [c for c in contenders if not (c == "numpy" and point.dtype == "bf16")]
+            names = [c for c in contenders if not (c in NUMPY_CONTENDERS and point.dtype == "bf16")]
             if not names:
                 continue
             point_records = measure_point(point, names, settings, ceilings, timer)

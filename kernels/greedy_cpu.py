@@ -1,4 +1,4 @@
-"""numba kernels: the whole greedy of a session on one CPU core, sessions spread over the cores.
+"""numba kernels: the whole greedy of a session on one CPU core, without the GIL so threads spread sessions.
 
 The CPU analogue of ``greedy_resident``: the pivoted partial Cholesky of ``numpy_backend`` (``U[m] = (X x_j -
 U[:m, j] U[:m]) / (||x_j|| sqrt(r_j))``, ``r -= U[m]^2 / ||x||^2``), compiled, so a step is one pass over X for
@@ -109,13 +109,14 @@ def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, 
     return count, 1.0 - remaining / n
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath=FASTMATH)
-def select_sessions(values: np.ndarray, inv_norms: np.ndarray, offsets: np.ndarray, protected_rows: np.ndarray,
-                    protected_offsets: np.ndarray, candidate: np.ndarray, tau: np.ndarray, capacity: np.ndarray,
-                    eps: float, indices: np.ndarray, counts: np.ndarray, coverage: np.ndarray,
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
+def select_sessions(first: int, stop: int, values: np.ndarray, inv_norms: np.ndarray, offsets: np.ndarray,
+                    protected_rows: np.ndarray, protected_offsets: np.ndarray, candidate: np.ndarray, tau: np.ndarray,
+                    capacity: np.ndarray, eps: float, indices: np.ndarray, counts: np.ndarray, coverage: np.ndarray,
                     residuals: np.ndarray) -> None:
-    """`select_session` for every session of a packed batch, sessions in parallel over the cores."""
-    for s in numba.prange(offsets.shape[0] - 1):
+    """`select_session` for sessions ``first .. stop - 1`` of a packed batch, in turn, without the GIL (callers
+    run disjoint ranges on threads)."""
+    for s in range(first, stop):
         a, b = offsets[s], offsets[s + 1]
         protected = protected_rows[protected_offsets[s]:protected_offsets[s + 1]] - a
         counts[s], coverage[s] = select_session(values[a:b], inv_norms[a:b], protected, candidate[a:b], tau[s],

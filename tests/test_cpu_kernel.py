@@ -113,9 +113,28 @@ def test_the_callers_masks_are_left_alone():
 
 
 def test_warm_up_compiles_both_kernels_for_float32():
+    import numba
+
     from gemkernels.backends import numba_backend
     from gemkernels.kernels import greedy_cpu
 
+    def float32_rows(signature) -> bool:
+        return any(getattr(a, "dtype", None) == numba.float32 and getattr(a, "ndim", 0) == 2 for a in signature)
+
     numba_backend.warm_up(24)
     for kernel in (greedy_cpu.select_session, greedy_cpu.select_sessions):
-        assert any(str(sig[0]).startswith("array(float32, 2d") for sig in kernel.signatures), kernel.signatures
+        assert any(float32_rows(sig) for sig in kernel.signatures), kernel.signatures
+
+
+@pytest.mark.parametrize("lengths,parts", [([5], 2), ([5, 5, 5, 5], 2), ([100, 1, 1], 2), ([1, 1, 1, 397], 4),
+                                           ([10] * 8, 3), ([1] * 5, 16), ([3, 0, 4], 2)])
+def test_session_ranges_cover_every_session_once_in_order(lengths, parts):
+    from gemkernels.backends.numba_backend import session_ranges
+
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ranges = session_ranges(offsets, parts)
+    assert 1 <= len(ranges) <= parts
+    assert [r for first, stop in ranges for r in range(first, stop)] == list(range(len(lengths)))
+    assert all(first < stop for first, stop in ranges)
+    if lengths == [10] * 8:
+        assert ranges == [(0, 2), (2, 5), (5, 8)]  # rows split about evenly

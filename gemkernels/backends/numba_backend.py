@@ -1,11 +1,18 @@
-"""numba backend: the numpy backend's selection compiled (``kernels.greedy_cpu``), sessions in parallel on the
-CPU cores. Same formulation and dtypes as numpy (float64 input in float64, the rest in float32); the first call
-in a fresh environment compiles for a few seconds, later processes load the cached machine code.
+"""numba backend: the numpy backend's selection compiled (``kernels.greedy_cpu``), sessions spread over the CPU
+cores by a thread pool (the kernels release the GIL). Same formulation and dtypes as numpy (float64 input in
+float64, the rest in float32). The first call in a fresh environment compiles for a few seconds; later processes
+load numba's on-disk cache.
+
+Threads, not numba's ``parallel=True``: its threading layers must not be entered by two callers at once
+(workqueue) or add milliseconds of wake-up per call on some machines (OpenMP), and a pool of our own leaves the
+process's numba configuration alone.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -16,13 +23,46 @@ from .numpy_backend import compute_dtype, inverse_norms
 
 LIBRARY = "numpy"
 
-# numba's default (workqueue) threading layer must not be entered by two threads at once.
-PARALLEL_LOCK = threading.Lock()
+#: Threads a batch is spread over: the cores this process may run on.
+THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def pool() -> ThreadPoolExecutor:
+    """The process's worker threads, started on first use."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="gemkernels-numba")
+        return _pool
+
+
+def forget_pool() -> None:
+    """In a forked child the parent's worker threads do not exist: start a new pool on next use."""
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=forget_pool)
+
+
+def session_ranges(offsets: np.ndarray, parts: int) -> list[tuple[int, int]]:
+    """At most ``parts`` contiguous, non-empty session ranges ``(first, stop)`` with about equal rows each."""
+    sessions = len(offsets) - 1
+    parts = min(parts, sessions)
+    if parts <= 1:
+        return [(0, sessions)]
+    cuts = np.searchsorted(offsets, np.arange(1, parts) * (offsets[-1] / parts), side="right") - 1
+    bounds = np.unique(np.concatenate([[0], np.clip(cuts, 1, sessions - 1), [sessions]]))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
 def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, tau: np.ndarray,
                   capacity: np.ndarray, eps: float) -> PackedSelection:
-    """Every session of the batch in one parallel kernel call."""
+    """Every session of the batch, ranges of sessions on the pool's threads (a lone range on the caller's)."""
     values = np.ascontiguousarray(values, dtype=compute_dtype(values))
     sessions = batch.num_sessions
     indices = np.full((sessions, int(capacity.max())), -1, dtype=np.int64)
@@ -31,10 +71,15 @@ def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, 
     residuals = np.empty(values.shape[0], dtype=values.dtype)
     protected_offsets = np.zeros(sessions + 1, dtype=np.int64)
     np.cumsum(batch.protected_counts, out=protected_offsets[1:])
-    with PARALLEL_LOCK:
-        greedy_cpu.select_sessions(values, inverse_norms(sq_norms, values.dtype), batch.offsets,
-                                   batch.protected_rows, protected_offsets, batch.eligible & ~batch.protected,
-                                   tau, capacity.astype(np.int64), float(eps), indices, counts, coverage, residuals)
+    args = (values, inverse_norms(sq_norms, values.dtype), batch.offsets, batch.protected_rows, protected_offsets,
+            batch.eligible & ~batch.protected, tau, capacity.astype(np.int64), float(eps), indices, counts, coverage,
+            residuals)
+    ranges = session_ranges(batch.offsets, THREADS)
+    if len(ranges) == 1:
+        greedy_cpu.select_sessions(*ranges[0], *args)
+    else:
+        for done in [pool().submit(greedy_cpu.select_sessions, first, stop, *args) for first, stop in ranges]:
+            done.result()
     return PackedSelection(indices, counts, coverage, residuals)
 
 
@@ -50,9 +95,8 @@ def select_one(x: np.ndarray, sq_norms: np.ndarray, protected: np.ndarray, eligi
     return order[:count], coverage, residuals
 
 
-
 def warm_up(dim: int) -> None:
-    """Compile (or load from numba's on-disk cache) the one-session and the parallel kernel for float32 rows of
+    """Compile (or load from numba's on-disk cache) the one-session and the batch kernel for float32 rows of
     ``dim`` dimensions, so a server's first requests do not pay for it."""
     from ..api import select, select_batch
 
