@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -304,6 +304,31 @@ def budget_reason(appended: set[int], sizes: Sequence[int], cfg: GEMConfig) -> s
     return None
 
 
+class RewriteCost(NamedTuple):
+    """A rewrite under the cost model of `GEMConfig`: tokens it drops from every call, what that saves over the
+    expected remaining calls, the cache miss it pays once, and the per-call saving worth a rewrite."""
+
+    dropped: float
+    saving: float
+    miss: float
+    gap: float
+    remaining: float
+
+    @property
+    def repays(self) -> bool:
+        """The saving outweighs the miss, and the per-call saving has reached the renewal gap."""
+        return self.saving > self.miss and self.dropped >= self.gap
+
+
+def rewrite_cost(dropped: float, resent: float, sizes: Sequence[int], cfg: GEMConfig) -> RewriteCost:
+    """The cost terms of a rewrite that drops ``dropped`` tokens a call and re-sends ``resent`` uncached once, in
+    a history of blocks of ``sizes`` tokens (``cfg.repay_factor`` set)."""
+    c, u = cfg.cached_price, cfg.uncached_price
+    remaining = cfg.repay_factor * len(sizes)
+    return RewriteCost(dropped, saving=c * dropped * (remaining + 1), miss=(u - c) * resent,
+                       gap=renewal_gap(resent, sum(sizes) / len(sizes), c, u), remaining=remaining)
+
+
 def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: GEMConfig) -> str | None:
     """Why a rewrite to ``kept`` is due under the cost model of `GEMConfig`, or None.
 
@@ -315,33 +340,25 @@ def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: 
     if not changed or cfg.repay_factor is None:
         return None
     first = min(changed)
-    c, u = cfg.cached_price, cfg.uncached_price
-    forwarded, kept_tokens = sum(sizes[b] for b in appended), sum(sizes[b] for b in kept)
-    resent = sum(sizes[b] for b in kept if b >= first)
-    miss = (u - c) * resent
-    remaining = cfg.repay_factor * len(sizes)
-    saving = c * (forwarded - kept_tokens) * (remaining + 1)
-    gap = renewal_gap(resent, sum(sizes) / len(sizes), c, u)
-    if saving <= miss or forwarded - kept_tokens < gap:
+    dropped = sum(sizes[b] for b in appended) - sum(sizes[b] for b in kept)
+    cost = rewrite_cost(dropped, sum(sizes[b] for b in kept if b >= first), sizes, cfg)
+    if not cost.repays:
         return None
-    return (f"rewrite repays: saves {saving:.0f} over {remaining:.0f} expected calls, misses {miss:.0f} once; "
-            f"{forwarded - kept_tokens} tokens dropped per call, past the renewal gap of {gap:.0f}")
+    return (f"rewrite repays: saves {cost.saving:.0f} over {cost.remaining:.0f} expected calls, misses "
+            f"{cost.miss:.0f} once; {dropped} tokens dropped per call, past the renewal gap of {cost.gap:.0f}")
 
 
 def could_repay(appended: set[int], protected: Sequence[int], sizes: Sequence[int], cfg: GEMConfig) -> bool:
     """Whether some rewrite that keeps ``protected`` could pass `repay_reason`, so that the selection runs only
     when a rewrite might be due: the saving is at most F minus the protected tokens, and a rewrite that saves
     anything drops a block older than the newest ``evidence.recent`` ones (those are protected), so it re-sends
-    at least their tokens."""
+    at least their tokens (the saving grows with the tokens dropped, the miss and the gap with those re-sent)."""
     if cfg.repay_factor is None or not sizes:
         return False
-    n, c, u = len(sizes), cfg.cached_price, cfg.uncached_price
-    recent = range(max(0, n - cfg.evidence.recent), n)
-    most_saved = sum(sizes[b] for b in appended) - sum(sizes[b] for b in set(protected))
-    least_resent = sum(sizes[b] for b in recent)
-    remaining = cfg.repay_factor * n
-    return (c * most_saved * (remaining + 1) > (u - c) * least_resent
-            and most_saved >= renewal_gap(least_resent, sum(sizes) / n, c, u))
+    n = len(sizes)
+    most_dropped = sum(sizes[b] for b in appended) - sum(sizes[b] for b in set(protected))
+    least_resent = sum(sizes[b] for b in range(max(0, n - cfg.evidence.recent), n))
+    return rewrite_cost(most_dropped, least_resent, sizes, cfg).repays
 
 
 def renewal_gap(resent: float, per_call: float, cached_price: float, uncached_price: float = 1.0) -> float:
