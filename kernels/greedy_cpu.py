@@ -13,36 +13,37 @@ import math
 import numba
 import numpy as np
 
-# Reassociation lets the dot products vectorise; no nnan/ninf, so -inf stays a value the comparisons see.
-FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
-ROWS_PER_PASS = 4
+# Only the Gram row's dot products may be reassociated (to vectorise over d): each row then still takes the same
+# instructions. Everything else keeps IEEE order, no FMA contraction (a vector body and its scalar tail could
+# round differently): identical rows get identical residuals, and a tie between them goes to the lower index.
+DOT_FASTMATH = {"reassoc", "nsz"}
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=DOT_FASTMATH)
 def gram_row(x: np.ndarray, j: int, out: np.ndarray) -> None:
-    """``out = X @ x_j``, accumulated in X's dtype (as BLAS does), four rows at a time."""
+    """``out = X @ x_j``, accumulated in X's dtype (as BLAS does), four rows per pass of x_j; the last group
+    repeats row n - 1 rather than taking a one-row loop, so every row is summed by the same instructions."""
     n, d = x.shape
     v = x[j]
-    zero = x.dtype.type(0)
-    stop = n - n % ROWS_PER_PASS
-    for i in range(0, stop, ROWS_PER_PASS):
-        x0, x1, x2, x3 = x[i], x[i + 1], x[i + 2], x[i + 3]
-        a0 = a1 = a2 = a3 = zero
-        for c in range(d):
+    for i in range(0, n, 4):
+        x0, x1, x2, x3 = x[i], x[min(i + 1, n - 1)], x[min(i + 2, n - 1)], x[min(i + 3, n - 1)]
+        a0, a1, a2, a3 = x0[0] * v[0], x1[0] * v[0], x2[0] * v[0], x3[0] * v[0]
+        for c in range(1, d):
             vc = v[c]
             a0 += x0[c] * vc
             a1 += x1[c] * vc
             a2 += x2[c] * vc
             a3 += x3[c] * vc
-        out[i], out[i + 1], out[i + 2], out[i + 3] = a0, a1, a2, a3
-    for i in range(stop, n):
-        acc = zero
-        for c in range(d):
-            acc += x[i, c] * v[c]
-        out[i] = acc
+        out[i] = a0
+        if i + 3 < n:
+            out[i + 1], out[i + 2], out[i + 3] = a1, a2, a3
+        elif i + 2 < n:
+            out[i + 1], out[i + 2] = a1, a2
+        elif i + 1 < n:
+            out[i + 1] = a1
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
+@numba.njit(cache=True, nogil=True)
 def add_direction(x: np.ndarray, inv_norms: np.ndarray, scaled: np.ndarray, m: int, j: int, r_j: float,
                   residuals: np.ndarray, candidate: np.ndarray) -> tuple[float, int, float]:
     """Direction ``m`` from pivot ``j`` (residual ``r_j``): updates ``scaled[m]`` and the residuals; returns the
@@ -69,7 +70,7 @@ def add_direction(x: np.ndarray, inv_norms: np.ndarray, scaled: np.ndarray, m: i
     return captured, best, best_r
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
+@numba.njit(cache=True, nogil=True)
 def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, candidate: np.ndarray, tau: float,
                    capacity: int, eps: float, order: np.ndarray, residuals: np.ndarray) -> tuple[int, float]:
     """DESIGN.md §1 for one session of raw rows: ``protected`` holds its local indices ascending, ``candidate``
@@ -109,7 +110,7 @@ def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, 
     return count, 1.0 - remaining / n
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
+@numba.njit(cache=True, nogil=True)
 def select_sessions(first: int, stop: int, values: np.ndarray, inv_norms: np.ndarray, offsets: np.ndarray,
                     protected_rows: np.ndarray, protected_offsets: np.ndarray, candidate: np.ndarray, tau: np.ndarray,
                     capacity: np.ndarray, eps: float, indices: np.ndarray, counts: np.ndarray, coverage: np.ndarray,
