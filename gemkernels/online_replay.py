@@ -244,24 +244,24 @@ def with_progress(items: Iterable[Any], total: int, enabled: bool) -> Iterable[A
 
 def pooled(replays: Iterable[RunReplay], long_runs: Sequence[int] = ()) -> dict[str, dict[str, Totals]]:
     """Totals per group (`RunReplay.groups`, in `group_order`) and policy."""
-    groups: dict[str, dict[str, Totals]] = {}
-    for replay in replays:
-        for group in replay.groups(long_runs):
-            into = groups.setdefault(group, {})
-            for policy, totals in replay.totals().items():
-                into[policy] = into.get(policy, Totals()) + totals
-    return {group: groups[group] for group in group_order(groups)}
+    return pool_by_group(replays, long_runs, RunReplay.totals, Totals)
 
 
 def pooled_evidence(replays: Iterable[RunReplay], long_runs: Sequence[int] = ()
                     ) -> dict[str, dict[str, list[RewriteEvidence]]]:
     """Rewrite evidence per group (`RunReplay.groups`, in `group_order`) and measured policy."""
-    groups: dict[str, dict[str, list[RewriteEvidence]]] = {}
+    return pool_by_group(replays, long_runs, lambda replay: replay.evidence, list)
+
+
+def pool_by_group(replays: Iterable[RunReplay], long_runs: Sequence[int], per_policy: Callable[[RunReplay], dict],
+                  empty: Callable[[], Any]) -> dict[str, dict[str, Any]]:
+    """Sum (``+``) each run's ``per_policy`` values into every group the run belongs to, groups in `group_order`."""
+    groups: dict[str, dict[str, Any]] = {}
     for replay in replays:
         for group in replay.groups(long_runs):
             into = groups.setdefault(group, {})
-            for policy, rows in replay.evidence.items():
-                into.setdefault(policy, []).extend(rows)
+            for policy, value in per_policy(replay).items():
+                into[policy] = into.get(policy, empty()) + value
     return {group: groups[group] for group in group_order(groups)}
 
 
