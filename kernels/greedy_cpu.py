@@ -55,7 +55,7 @@ def add_direction(x: np.ndarray, inv_norms: np.ndarray, scaled: np.ndarray, m: i
         previous = scaled[t]
         for i in range(new.shape[0]):
             new[i] -= coefficient * previous[i]
-    scale = inv_norms[j] / math.sqrt(r_j)
+    scale = inv_norms.dtype.type(inv_norms[j] / math.sqrt(r_j))  # then the row update runs in the rows' dtype
     captured = 0.0
     best, best_r = -1, -np.inf
     for i in range(new.shape[0]):
