@@ -1,7 +1,7 @@
 """numba backend: the numpy backend's selection compiled (``kernels.greedy_cpu``), sessions spread over the CPU
 cores by a thread pool (the kernels release the GIL). Same formulation and dtypes as numpy (float64 input in
-float64, the rest in float32). The first call in a fresh environment compiles for a few seconds; later processes
-load numba's on-disk cache.
+float64, the rest in float32). The first call in a fresh environment compiles (about 5 s on two cores); later
+processes load numba's on-disk cache (about 0.5 s).
 
 Threads, not numba's ``parallel=True``: its threading layers must not be entered by two callers at once
 (workqueue) or add milliseconds of wake-up per call on some machines (OpenMP), and a pool of our own leaves the
