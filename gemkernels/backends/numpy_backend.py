@@ -68,6 +68,7 @@ def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, 
     energy = 0.0  # captured energy summed over rows: n - sum(r)
     order: list[int] = []
     directions = 0
+    copies = earlier_copies(x, inv_norms)
 
     def add_direction(j: int) -> None:
         """U[m] = (X x_j - U[:m, j] U[:m]) / (||x_j|| sqrt(r_j)); r -= U[m]^2 / ||x||^2.
@@ -79,6 +80,8 @@ def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, 
         if directions:
             np.subtract(new, np.dot(scaled[:directions, j], scaled[:directions], out=decrease), out=new)
         np.multiply(new, float(inv_norms[j]) / math.sqrt(float(residuals[j])), out=new)
+        if copies is not None:  # BLAS may sum a row's copy in another order: give it the earlier row's value
+            new[copies[0]] = new[copies[1]]
         np.multiply(new, inv_sq, out=decrease)
         energy += float(np.dot(decrease, new))
         np.multiply(decrease, new, out=decrease)
@@ -103,3 +106,33 @@ def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, 
         scores[j] = -np.inf
     np.maximum(residuals, 0, out=residuals)
     return order, 1.0 - float(np.add.reduce(residuals, dtype=np.float64)) / n, residuals
+
+
+def earlier_copies(x: np.ndarray, inv_norms: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(rows, copies): every row that repeats an earlier row exactly, and the earliest row it repeats; None when no
+    row does. Rows are compared only where their norms tie and then a hash of norm and first value does, so the
+    usual cost is one sort of the norms.
+
+    Identical rows must keep identical residuals so that a tie between them goes to the lower index (§1)."""
+    if all_distinct(inv_norms):
+        return None
+    bits = np.uint32 if x.dtype == np.float32 else np.uint64
+    keys = inv_norms.view(bits).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ x[:, 0].view(bits)
+    if all_distinct(keys):
+        return None
+    by_key = np.argsort(keys, kind="stable")
+    tied = keys[by_key[1:]] == keys[by_key[:-1]]
+    first_of: dict[bytes, int] = {}
+    rows, copies = [], []
+    for row in np.unique(np.concatenate([by_key[1:][tied], by_key[:-1][tied]])).tolist():  # ascending
+        earliest = first_of.setdefault(x[row].tobytes(), row)
+        if earliest != row:
+            rows.append(row)
+            copies.append(earliest)
+    return (np.array(rows), np.array(copies)) if rows else None
+
+
+def all_distinct(values: np.ndarray) -> bool:
+    """No two of ``values`` are equal."""
+    ordered = np.sort(values)
+    return bool((ordered[1:] != ordered[:-1]).all())
