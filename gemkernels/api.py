@@ -30,7 +30,7 @@ def select(x: Any, protected: Any = None, eligible: Any = None, tau: float = DEF
     protected_mask = index_mask(protected, n, "protected", default=False)
     eligible_mask = index_mask(eligible, n, "eligible", default=True)
     if backend in ("auto", "numpy", "numba") and library_of(x) == NUMPY:
-        impl = numpy_backend if backend != "numba" else get_backend(backend)
+        impl = get_backend("numpy" if backend == "auto" else backend)
         return select_numpy(impl, x, protected_mask, eligible_mask, check_tau(tau), check_k(k), check_eps(eps))
     batch = RaggedBatch(values=x, offsets=np.array([0, n], dtype=np.int64), protected=protected_mask,
                         eligible=eligible_mask)

@@ -261,7 +261,9 @@ def pool_by_group(replays: Iterable[RunReplay], long_runs: Sequence[int], per_po
         for group in replay.groups(long_runs):
             into = groups.setdefault(group, {})
             for policy, value in per_policy(replay).items():
-                into[policy] = into.get(policy, empty()) + value
+                if policy not in into:
+                    into[policy] = empty()
+                into[policy] += value  # lists grow in place; Totals add up to a new one
     return {group: groups[group] for group in group_order(groups)}
 
 

@@ -137,18 +137,56 @@ def test_the_callers_masks_are_left_alone():
     assert np.array_equal(eligible, before)
 
 
-def test_warm_up_compiles_both_kernels_for_float32():
-    import numba
-
+def test_warm_up_runs_both_kernels_on_float32_rows(monkeypatch):
+    """The server's warm-up must reach the one-session kernel and the batch kernel with float32 rows."""
     from gemkernels.backends import numba_backend
     from gemkernels.kernels import greedy_cpu
 
-    def float32_rows(signature) -> bool:
-        return any(getattr(a, "dtype", None) == numba.float32 and getattr(a, "ndim", 0) == 2 for a in signature)
+    seen = []
+    for name in ("select_session", "select_sessions"):
+        kernel = getattr(greedy_cpu, name)
 
+        def spy(*args, kernel=kernel, name=name):
+            seen.append((name, next(a.dtype for a in args if isinstance(a, np.ndarray) and a.ndim == 2)))
+            return kernel(*args)
+
+        monkeypatch.setattr(greedy_cpu, name, spy)
     numba_backend.warm_up(24)
-    for kernel in (greedy_cpu.select_session, greedy_cpu.select_sessions):
-        assert any(float32_rows(sig) for sig in kernel.signatures), kernel.signatures
+    f32 = np.dtype(np.float32)
+    assert {("select_session", f32), ("select_sessions", f32)} <= set(seen), seen
+
+
+def test_a_batch_called_from_a_pool_worker_runs_there():
+    """A worker that itself selects a batch must not wait on its own pool (it runs the ranges inline)."""
+    from gemkernels.backends import numba_backend
+
+    rng = np.random.default_rng(15)
+    xs, ps, es, taus, ks = many_sessions(rng, 6, 16)
+    expected = [to_np(s.indices).tolist() for s in gk.select_batch(xs, protected=ps, eligible=es, tau=taus, k=ks,
+                                                                    backend="numba")]
+
+    def nested():
+        return [to_np(s.indices).tolist() for s in gk.select_batch(xs, protected=ps, eligible=es, tau=taus, k=ks,
+                                                                    backend="numba")]
+
+    workers = numba_backend._worker_pool()
+    futures = [workers.submit(nested) for _ in range(2 * numba_backend.THREADS)]
+    assert all(f.result(timeout=60) == expected for f in futures)
+
+
+def test_a_forked_child_gets_a_pool_of_its_own():
+    import multiprocessing
+
+    rng = np.random.default_rng(16)
+    xs = [make_x(rng, n, 12, "gaussian").astype(np.float32) for n in (30, 40, 50, 60)]
+    gk.select_batch(xs, k=4, backend="numba")  # the parent's pool exists before the fork
+    child = multiprocessing.get_context("fork").Process(target=gk.select_batch, args=(xs,),
+                                                         kwargs={"k": 4, "backend": "numba"})
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
 
 
 @pytest.mark.parametrize("lengths,parts", [([5], 2), ([5, 5, 5, 5], 2), ([100, 1, 1], 2), ([1, 1, 1, 397], 4),

@@ -288,8 +288,10 @@ def test_earlier_copies_finds_exactly_the_repeated_rows(n, copies, dtype, seed):
     x[:half] = 0
     x[:half, 0] = 1
     x[np.arange(half), rng.integers(1, 5, size=half)] = 1
+    x[half:, 1:][rng.random((n - half, 4)) < 0.3] = 0.0  # zeros to flip; column 0 keeps every row non-zero
     for src, dst in copies:
         x[dst % n] = x[src % n]
+        x[dst % n][(x[dst % n] == 0) & (rng.random(5) < 0.5)] = -0.0  # a copy with -0.0 is still a copy
     found = earlier_copies(x, (1 / np.linalg.norm(x, axis=1)).astype(dtype))
     got = {} if found is None else dict(zip(found[0].tolist(), found[1].tolist()))
     assert got == brute_force_copies(x)

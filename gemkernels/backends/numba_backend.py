@@ -28,25 +28,34 @@ THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_thread = threading.local()  # .in_pool: this thread is one of the pool's workers
 
 
-def pool() -> ThreadPoolExecutor:
-    """The process's worker threads, started on first use."""
+def _mark_worker() -> None:
+    _thread.in_pool = True
+
+
+def _worker_pool() -> ThreadPoolExecutor | None:
+    """The process's worker threads (started on first use); None on a worker itself, which must not wait on its
+    own pool."""
     global _pool
+    if getattr(_thread, "in_pool", False):
+        return None
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="gemkernels-numba")
+            _pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="gemkernels-numba",
+                                       initializer=_mark_worker)
         return _pool
 
 
-def forget_pool() -> None:
-    """In a forked child the parent's worker threads do not exist: start a new pool on next use."""
-    global _pool
-    _pool = None
+def _forget_pool() -> None:
+    """In a forked child the parent's worker threads do not exist, and the lock may have been held: start anew."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=forget_pool)
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def session_ranges(offsets: np.ndarray, parts: int) -> list[tuple[int, int]]:
@@ -62,7 +71,8 @@ def session_ranges(offsets: np.ndarray, parts: int) -> list[tuple[int, int]]:
 
 def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, tau: np.ndarray,
                   capacity: np.ndarray, eps: float) -> PackedSelection:
-    """Every session of the batch, ranges of sessions on the pool's threads (a lone range on the caller's)."""
+    """Every session of the batch, ranges of sessions on the pool's threads (on the caller's for a lone range, or
+    when the caller is itself a worker)."""
     values = np.ascontiguousarray(values, dtype=compute_dtype(values))
     sessions = batch.num_sessions
     indices = np.full((sessions, int(capacity.max())), -1, dtype=np.int64)
@@ -75,10 +85,11 @@ def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, 
             batch.eligible & ~batch.protected, tau, capacity.astype(np.int64), float(eps), indices, counts, coverage,
             residuals)
     ranges = session_ranges(batch.offsets, THREADS)
-    if len(ranges) == 1:
-        greedy_cpu.select_sessions(*ranges[0], *args)
+    workers = _worker_pool() if len(ranges) > 1 else None
+    if workers is None:
+        greedy_cpu.select_sessions(0, sessions, *args)
     else:
-        for done in [pool().submit(greedy_cpu.select_sessions, first, stop, *args) for first, stop in ranges]:
+        for done in [workers.submit(greedy_cpu.select_sessions, first, stop, *args) for first, stop in ranges]:
             done.result()
     return PackedSelection(indices, counts, coverage, residuals)
 

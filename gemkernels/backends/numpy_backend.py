@@ -109,27 +109,26 @@ def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, 
 
 
 def earlier_copies(x: np.ndarray, inv_norms: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(rows, copies): every row that repeats an earlier row exactly, and the earliest row it repeats; None when no
-    row does. Rows are compared only where their norms tie and then a hash of norm and first value does, so the
-    usual cost is one sort of the norms.
+    """(rows, copies): every row that repeats an earlier row exactly (-0.0 and 0.0 alike), and the earliest row it
+    repeats; None when no row does. Rows are compared only where their norms tie and then a hash of norm and first
+    value does: usually one sort of the norms, at worst one sort of the tied rows as byte strings.
 
     Identical rows must keep identical residuals so that a tie between them goes to the lower index (§1)."""
     if all_distinct(inv_norms):
         return None
     bits = np.uint32 if x.dtype == np.float32 else np.uint64
-    keys = inv_norms.view(bits).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ x[:, 0].view(bits)
+    keys = inv_norms.view(bits).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ (x[:, 0] + 0.0).view(bits)
     if all_distinct(keys):
         return None
     by_key = np.argsort(keys, kind="stable")
     tied = keys[by_key[1:]] == keys[by_key[:-1]]
-    first_of: dict[bytes, int] = {}
-    rows, copies = [], []
-    for row in np.unique(np.concatenate([by_key[1:][tied], by_key[:-1][tied]])).tolist():  # ascending
-        earliest = first_of.setdefault(x[row].tobytes(), row)
-        if earliest != row:
-            rows.append(row)
-            copies.append(earliest)
-    return (np.array(rows), np.array(copies)) if rows else None
+    members = np.unique(np.concatenate([by_key[1:][tied], by_key[:-1][tied]]))  # ascending
+    rows = np.ascontiguousarray(x[members] + 0.0)  # + 0.0 turns -0.0 into 0.0
+    _, first, group = np.unique(rows.view(np.dtype((np.void, rows.strides[0]))).ravel(), return_index=True,
+                                return_inverse=True)
+    copies = members[first[group.ravel()]]
+    repeats = copies != members
+    return (members[repeats], copies[repeats]) if repeats.any() else None
 
 
 def all_distinct(values: np.ndarray) -> bool:
