@@ -68,7 +68,7 @@ def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, 
     energy = 0.0  # captured energy summed over rows: n - sum(r)
     order: list[int] = []
     directions = 0
-    copies = earlier_copies(x, inv_norms)
+    copies = earlier_copies(x)
 
     def add_direction(j: int) -> None:
         """U[m] = (X x_j - U[:m, j] U[:m]) / (||x_j|| sqrt(r_j)); r -= U[m]^2 / ||x||^2.
@@ -108,27 +108,38 @@ def select_session(x: np.ndarray, inv_norms: np.ndarray, protected: np.ndarray, 
     return order, 1.0 - float(np.add.reduce(residuals, dtype=np.float64)) / n, residuals
 
 
-def earlier_copies(x: np.ndarray, inv_norms: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def earlier_copies(x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(rows, copies): every row that repeats an earlier row exactly (-0.0 and 0.0 alike), and the earliest row it
-    repeats; None when no row does. Rows are compared only where their norms tie and then a hash of norm and first
-    value does: usually one sort of the norms, at worst one sort of the tied rows as byte strings.
+    repeats; None when no row does. Whole rows are compared only where the first values tie and then an integer
+    hash of the first `HASH_COLUMNS` values does: usually one sort of the first column.
 
     Identical rows must keep identical residuals so that a tie between them goes to the lower index (§1)."""
-    if all_distinct(inv_norms):
+    if all_distinct(x[:, 0]):
         return None
-    bits = np.uint32 if x.dtype == np.float32 else np.uint64
-    keys = inv_norms.view(bits).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ (x[:, 0] + 0.0).view(bits)
+    keys = row_hash(x[:, :HASH_COLUMNS])
     if all_distinct(keys):
         return None
     by_key = np.argsort(keys, kind="stable")
     tied = keys[by_key[1:]] == keys[by_key[:-1]]
-    members = np.unique(np.concatenate([by_key[1:][tied], by_key[:-1][tied]]))  # ascending
-    rows = np.ascontiguousarray(x[members] + 0.0)  # + 0.0 turns -0.0 into 0.0
+    candidates = np.unique(np.concatenate([by_key[1:][tied], by_key[:-1][tied]]))  # ascending
+    rows = np.ascontiguousarray(x[candidates] + 0.0)  # + 0.0 turns -0.0 into 0.0
     _, first, group = np.unique(rows.view(np.dtype((np.void, rows.strides[0]))).ravel(), return_index=True,
                                 return_inverse=True)
-    copies = members[first[group.ravel()]]
-    repeats = copies != members
-    return (members[repeats], copies[repeats]) if repeats.any() else None
+    copies = candidates[first[group.ravel()]]
+    repeats = copies != candidates
+    return (candidates[repeats], copies[repeats]) if repeats.any() else None
+
+
+#: Columns `earlier_copies` hashes last: enough to tell apart quantised rows (+-1, int8) whose norms all tie.
+HASH_COLUMNS = 64
+HASH_MULTIPLIERS = np.random.default_rng(0).integers(1, 2**63, size=HASH_COLUMNS, dtype=np.uint64) | np.uint64(1)
+
+
+def row_hash(head: np.ndarray) -> np.ndarray:
+    """A uint64 hash of each row's values (exact integer arithmetic: equal rows, equal hashes; -0.0 as 0.0)."""
+    head = np.ascontiguousarray(head + 0.0)
+    bits = head.view(np.uint32 if head.dtype == np.float32 else np.uint64).astype(np.uint64)
+    return (bits * HASH_MULTIPLIERS[:head.shape[1]]).sum(axis=1, dtype=np.uint64)
 
 
 def all_distinct(values: np.ndarray) -> bool:
