@@ -96,6 +96,11 @@ def expect_steps(counts, k: int, what: str) -> None:
 # --------------------------------------------------------------------------- a. numpy against its floor
 
 
+def cpu_backends() -> list[str]:
+    """The numpy backend, and numba where it is installed."""
+    return [name for name in ("numpy", "numba") if name in gk.available_backends()]
+
+
 def bench_numpy(rec: Recorder, repeats: int) -> None:
     case = cases.NUMPY_ONE
     n, d, b = case.n, case.d, case.k
@@ -117,7 +122,7 @@ def bench_numpy(rec: Recorder, repeats: int) -> None:
     def gemm():
         return x @ q.T
 
-    backends = [name for name in ("numpy", "numba") if name in gk.available_backends()]
+    backends = cpu_backends()
     for name in backends:
         expect_steps([len(select(name)().indices)], b, f"{name} select")
     t = compare({"floor": floor, "gemm": gemm} | {name: select(name) for name in backends}, repeats)
@@ -153,8 +158,8 @@ def bench_torch(rec: Recorder, repeats: int) -> None:
     def cpu_batch(backend: str):
         return lambda: gk.select_batch(xn, backend=backend, **kw)
 
-    contenders = {"torch loop": torch_loop, "torch batch": torch_batch} | {
-        f"{name} batch": cpu_batch(name) for name in ("numpy", "numba") if name in gk.available_backends()}
+    backends = cpu_backends()
+    contenders = {"torch loop": torch_loop, "torch batch": torch_batch} | {name: cpu_batch(name) for name in backends}
     for name, fn in contenders.items():
         expect_steps([len(s.indices) for s in fn()], case.k, name)
     t = compare(contenders, repeats)
@@ -162,11 +167,9 @@ def bench_torch(rec: Recorder, repeats: int) -> None:
     rec.row(f"{case.sessions} x gk.select torch", config, t["torch loop"])
     rec.row("1 x gk.select_batch torch", config, t["torch batch"],
             {"speed-up loop/batch": t["torch loop"].median / t["torch batch"].median}, target="speed-up >= 5")
-    for name in contenders:
-        if name.endswith(" batch") and name != "torch batch":
-            backend = name.split()[0]
-            rec.row(f"1 x gk.select_batch {backend}", config | {"backend": backend}, t[name],
-                    {f"{backend}/torch batch": t[name].median / t["torch batch"].median})
+    for name in backends:
+        rec.row(f"1 x gk.select_batch {name}", config | {"backend": name}, t[name],
+                {f"{name}/torch batch": t[name].median / t["torch batch"].median})
 
 
 # --------------------------------------------------------------------------- c. GPU: triton paths against torch

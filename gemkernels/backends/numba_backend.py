@@ -19,7 +19,7 @@ import numpy as np
 from ..kernels import greedy_cpu
 from ..ragged import RaggedBatch
 from . import PackedSelection
-from .numpy_backend import compute_dtype, inverse_norms
+from .numpy_backend import compute_dtype, empty_packed, inverse_norms
 
 LIBRARY = "numpy"
 
@@ -75,15 +75,11 @@ def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, 
     when the caller is itself a worker)."""
     values = np.ascontiguousarray(values, dtype=compute_dtype(values))
     sessions = batch.num_sessions
-    indices = np.full((sessions, int(capacity.max())), -1, dtype=np.int64)
-    counts = np.zeros(sessions, dtype=np.int64)
-    coverage = np.zeros(sessions, dtype=np.float64)
-    residuals = np.empty(values.shape[0], dtype=values.dtype)
+    out = empty_packed(sessions, int(capacity.max()), values.shape[0], values.dtype)
     protected_offsets = np.zeros(sessions + 1, dtype=np.int64)
     np.cumsum(batch.protected_counts, out=protected_offsets[1:])
     args = (values, inverse_norms(sq_norms, values.dtype), batch.offsets, batch.protected_rows, protected_offsets,
-            batch.eligible & ~batch.protected, tau, capacity.astype(np.int64), float(eps), indices, counts, coverage,
-            residuals)
+            batch.eligible & ~batch.protected, tau, capacity.astype(np.int64, copy=False), float(eps), *out)
     ranges = session_ranges(batch.offsets, THREADS)
     workers = _worker_pool() if len(ranges) > 1 else None
     if workers is None:
@@ -91,14 +87,14 @@ def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, 
     else:
         for done in [workers.submit(greedy_cpu.select_sessions, first, stop, *args) for first, stop in ranges]:
             done.result()
-    return PackedSelection(indices, counts, coverage, residuals)
+    return out
 
 
 def select_one(x: np.ndarray, sq_norms: np.ndarray, protected: np.ndarray, eligible: np.ndarray, tau: float,
                capacity: int, eps: float) -> tuple[np.ndarray, float, np.ndarray]:
-    """One session from raw rows, their squared norms and its masks, on the calling thread: (order, coverage,
-    residuals)."""
-    x = np.ascontiguousarray(x, dtype=compute_dtype(x))
+    """One session from raw rows (in their `compute_dtype`), their squared norms and its masks, on the calling
+    thread: (order, coverage, residuals)."""
+    x = np.ascontiguousarray(x)
     order = np.empty(max(capacity, 1), dtype=np.int64)
     residuals = np.empty(x.shape[0], dtype=x.dtype)
     count, coverage = greedy_cpu.select_session(x, inverse_norms(sq_norms, x.dtype), np.flatnonzero(protected),

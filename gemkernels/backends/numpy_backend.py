@@ -26,17 +26,20 @@ def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, 
                   capacity: np.ndarray, eps: float) -> PackedSelection:
     """Every session in turn; see `select_one`. Coverage is float64 whatever the input, as `select_one` returns it."""
     values = values.astype(compute_dtype(values), copy=False)  # widened once for every session
-    sessions = batch.num_sessions
-    indices = np.full((sessions, int(capacity.max())), -1, dtype=np.int64)
-    counts = np.zeros(sessions, dtype=np.int64)
-    coverage = np.zeros(sessions, dtype=np.float64)
-    residuals = np.empty(values.shape[0], dtype=values.dtype)
+    out = empty_packed(batch.num_sessions, int(capacity.max()), values.shape[0], values.dtype)
     for s, (a, b) in enumerate(zip(batch.offsets[:-1].tolist(), batch.offsets[1:].tolist())):
-        order, coverage[s], residuals[a:b] = select_one(values[a:b], sq_norms[a:b], batch.protected[a:b],
-                                                        batch.eligible[a:b], float(tau[s]), int(capacity[s]), eps)
-        counts[s] = len(order)
-        indices[s, :len(order)] = order
-    return PackedSelection(indices, counts, coverage, residuals)
+        order, out.coverage[s], out.residuals[a:b] = select_one(values[a:b], sq_norms[a:b], batch.protected[a:b],
+                                                                batch.eligible[a:b], float(tau[s]),
+                                                                int(capacity[s]), eps)
+        out.counts[s] = len(order)
+        out.indices[s, :len(order)] = order
+    return out
+
+
+def empty_packed(sessions: int, width: int, rows: int, dtype: np.dtype) -> PackedSelection:
+    """numpy outputs for a CPU backend to fill: indices -1, counts and float64 coverage 0, residuals unset."""
+    return PackedSelection(np.full((sessions, width), -1, dtype=np.int64), np.zeros(sessions, dtype=np.int64),
+                           np.zeros(sessions, dtype=np.float64), np.empty(rows, dtype=dtype))
 
 
 def compute_dtype(values: np.ndarray) -> type:
@@ -46,8 +49,8 @@ def compute_dtype(values: np.ndarray) -> type:
 
 def select_one(x: np.ndarray, sq_norms: np.ndarray, protected: np.ndarray, eligible: np.ndarray, tau: float,
                capacity: int, eps: float) -> tuple[list[int], float, np.ndarray]:
-    """One session from raw rows, their squared norms and its masks: (order, coverage, residuals)."""
-    x = x.astype(compute_dtype(x), copy=False)
+    """One session from raw rows (in their `compute_dtype`), their squared norms and its masks: (order, coverage,
+    residuals)."""
     return select_session(x, inverse_norms(sq_norms, x.dtype), np.flatnonzero(protected), eligible, tau, capacity,
                           eps)
 
