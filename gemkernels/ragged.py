@@ -87,6 +87,13 @@ class RaggedBatch:
         """Protected rows per session, ``(S,)`` int64 (read-only)."""
         return read_only(np.bincount(self.protected_sessions, minlength=self.num_sessions).astype(np.int64), owned=True)
 
+    @cached_property
+    def protected_offsets(self) -> np.ndarray:
+        """Where each session's entries start in `protected_rows`, ``(S+1,)`` int64 (read-only)."""
+        offsets = np.zeros(self.num_sessions + 1, dtype=np.int64)
+        np.cumsum(self.protected_counts, out=offsets[1:])
+        return read_only(offsets, owned=True)
+
     @classmethod
     def from_list(cls, xs: Sequence[Any], protected: Sequence[Any] | None = None,
                   eligible: Sequence[Any] | None = None) -> RaggedBatch:

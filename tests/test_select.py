@@ -521,6 +521,9 @@ def test_ragged_batch_protected_rows_sessions_and_counts(masks):
     assert batch.protected_rows.tolist() == [r for _, r in rows] and batch.protected_rows.dtype == np.int64
     assert batch.protected_sessions.tolist() == [s for s, _ in rows]
     assert batch.protected_counts.tolist() == [int(sum(m)) for m in masks]
+    starts = batch.protected_offsets.tolist()
+    assert starts[0] == 0 and [batch.protected_rows[a:b].tolist() for a, b in zip(starts, starts[1:])] == [
+        [r for s2, r in rows if s2 == s] for s in range(len(masks))]
 
 
 def test_ragged_batch_arrays_are_read_only_so_derived_rows_cannot_go_stale():
@@ -529,7 +532,8 @@ def test_ragged_batch_arrays_are_read_only_so_derived_rows_cannot_go_stale():
     assert batch.protected_counts.tolist() == [0, 0]
     protected[4] = True  # the caller's own array stays writable; the batch holds a copy
     assert batch.protected_counts.tolist() == [0, 0] and not batch.protected.any()
-    for array in (batch.protected, batch.eligible, batch.offsets, batch.protected_rows, batch.protected_counts):
+    for array in (batch.protected, batch.eligible, batch.offsets, batch.protected_rows, batch.protected_counts,
+                  batch.protected_offsets):
         with pytest.raises(ValueError, match="read-only"):
             array[0] = 1
     again = gk.RaggedBatch(batch.values, batch.offsets, batch.protected, batch.eligible)

@@ -76,9 +76,7 @@ def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, 
     values = np.ascontiguousarray(values, dtype=compute_dtype(values))
     sessions = batch.num_sessions
     out = empty_packed(sessions, int(capacity.max()), values.shape[0], values.dtype)
-    protected_offsets = np.zeros(sessions + 1, dtype=np.int64)
-    np.cumsum(batch.protected_counts, out=protected_offsets[1:])
-    args = (values, inverse_norms(sq_norms, values.dtype), batch.offsets, batch.protected_rows, protected_offsets,
+    args = (values, inverse_norms(sq_norms, values.dtype), batch.offsets, batch.protected_rows, batch.protected_offsets,
             batch.eligible & ~batch.protected, tau, capacity.astype(np.int64, copy=False), float(eps), *out)
     ranges = session_ranges(batch.offsets, THREADS)
     workers = _worker_pool() if len(ranges) > 1 else None

@@ -155,7 +155,7 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     protected_rows = batch.protected_rows
     protected_idx = torch.as_tensor(
         np.append(protected_rows - batch.offsets[batch.protected_sessions], 0).astype(np.int32), device=device)
-    protected_offsets = torch.as_tensor(np.concatenate([[0], np.cumsum(batch.protected_counts)]), device=device)
+    protected_offsets = torch.tensor(batch.protected_offsets, device=device)
     candidate = (torch.ones(len(batch.eligible), dtype=torch.int8, device=device) if batch.eligible.all() else
                  torch.tensor(batch.eligible.view(np.int8), device=device))  # a copy: the kernels consume it
     candidate[torch.tensor(protected_rows, device=device)] = 0  # eligible, not protected, not yet selected
