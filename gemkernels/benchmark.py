@@ -167,8 +167,8 @@ def sweep(points: list[Point], contenders: list[str], settings: Settings, out: P
     excluded = left_out(contenders, settings.device)
     contenders = [c for c in contenders if c not in excluded]
     notes = [f"{c} left out: {why}" for c, why in excluded.items()]
-    for name in (c for c in contenders if c in NUMPY_CONTENDERS and "bf16" in {p.dtype for p in points}):
-        notes.append(f"{name} left out at bf16 points: numpy has no bfloat16")
+    if "bf16" in {p.dtype for p in points}:
+        notes += [f"{c} left out at bf16 points: numpy has no bfloat16" for c in contenders if c in NUMPY_CONTENDERS]
     dtypes = sorted({p.dtype for p in points})
     ceilings = measure_ceilings(settings.device, {name: DTYPES[name] for name in dtypes})
     say(f"ceilings: copy {ceilings.copy_bytes_per_s / 1e9:.1f} GB/s (read + write), matmul " +
