@@ -5,6 +5,6 @@
 import sys
 from pathlib import Path
 
-from gemkernels.benchmark import main
+from gemkernels.benchmark.sweep import main
 
 sys.exit(main(default_out=Path(__file__).resolve().parent / "out" / "sweep"))

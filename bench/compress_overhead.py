@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_gem import synthetic_history  # noqa: E402
 
 from gemkernels import GEM  # noqa: E402
-from gemkernels.encoders import CachedEncoder, HashEncoder  # noqa: E402
+from gemkernels.compress.encoders import CachedEncoder, HashEncoder  # noqa: E402
 
-from gemkernels.bench_timing import compare, fmt_seconds  # noqa: E402
+from gemkernels.benchmark.timing import compare, fmt_seconds  # noqa: E402
 
 
 def main() -> None:

@@ -14,9 +14,9 @@ import statistics
 from pathlib import Path
 
 from gemkernels import GEM, PRESETS
-from gemkernels.blocks import parse_history
-from gemkernels.encoders import make_encoder
-from gemkernels.loaders import checkpoints, load_runs
+from gemkernels.compress.blocks import parse_history
+from gemkernels.compress.encoders import make_encoder
+from gemkernels.evaluate.loaders import checkpoints, load_runs
 
 DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "trajectories"
 

@@ -41,7 +41,7 @@ def serve_upstream(port: int) -> None:
 def serve_proxy(port: int, upstream: str, encoder: str, preset: str, batching: bool) -> None:
     import uvicorn
 
-    from gemkernels.server import ServerConfig, create_app
+    from gemkernels.serve.app import ServerConfig, create_app
 
     config = ServerConfig(upstream=upstream, encoder=encoder, preset=preset,
                           max_batch=64 if batching else 1, max_wait=0.002 if batching else 0.0)

@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 import gemkernels as gk
-from gemkernels.bench_machine import copy_bandwidth, environment, version
-from gemkernels.bench_point import run_selection
-from gemkernels.bench_timing import Timing, compare, cpu_call, cuda_call, fmt_seconds
-from gemkernels.benchmark import resolve_device, say
+from gemkernels.benchmark.machine import copy_bandwidth, environment, version
+from gemkernels.benchmark.point import run_selection
+from gemkernels.benchmark.timing import Timing, compare, cpu_call, cuda_call, fmt_seconds
+from gemkernels.benchmark.sweep import resolve_device, say
 
 from . import cases
 
@@ -203,8 +203,8 @@ def bench_gpu(rec: Recorder, repeats: int) -> None:
 
     import torch
 
-    from gemkernels.backends import triton_backend
-    from gemkernels.backends.triton_backend import PATHS
+    from gemkernels.select.backends import triton_backend
+    from gemkernels.select.backends.triton_backend import PATHS
 
     bandwidth = copy_bandwidth("cuda", COPY_BYTES, repeats)
     say(f"device-to-device copy bandwidth (copy of {COPY_BYTES >> 30} GiB, read+write): {bandwidth / 1e9:.0f} GB/s; "
@@ -279,10 +279,10 @@ def gram_tiles_one_dtype(rec: Recorder, case: cases.Case, device: str, dtype: st
     """`gram_tiles` for one torch dtype name."""
     import torch
 
-    from gemkernels.api import select_ragged
-    from gemkernels.backends.triton_backend import TritonOptions
-    from gemkernels.bench_machine import matmul_rate
-    from gemkernels.bench_point import triton_options
+    from gemkernels.select.api import select_ragged
+    from gemkernels.select.backends.triton_backend import TritonOptions
+    from gemkernels.benchmark.machine import matmul_rate
+    from gemkernels.benchmark.point import triton_options
     from gemkernels.kernels.gram import gram_plan, ragged_gram
 
     rate = matmul_rate(device, dtype, 8192 if device == "cuda" else 512, max(3, repeats // 4))

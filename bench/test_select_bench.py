@@ -111,7 +111,7 @@ def test_torch_gpu_batch(benchmark, case, dtype):
 def test_triton_batch(benchmark, monkeypatch, case, path, dtype):
     cuda_torch()
     pytest.importorskip("triton")
-    from gemkernels.backends import triton_backend
+    from gemkernels.select.backends import triton_backend
 
     monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path=path))
     benchmark.extra_info["path"] = path

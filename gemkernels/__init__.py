@@ -6,13 +6,13 @@
     out = gk.GEM("paper").compress(messages, session_id="agent-1")  # a chat request, compressed
 """
 
-from .api import DEFAULT_EPS, DEFAULT_K, DEFAULT_TAU, select, select_batch, select_ragged
-from .backends import BACKENDS, BackendUnavailableError, available_backends
-from .config import PRESETS, GEMConfig
-from .evidence import EvidenceConfig
-from .gem import GEM, Compressed, CompressionStats
-from .ragged import RaggedBatch
-from .result import RaggedSelection, Selection
+from gemkernels.select.api import DEFAULT_EPS, DEFAULT_K, DEFAULT_TAU, select, select_batch, select_ragged
+from gemkernels.select.backends import BACKENDS, BackendUnavailableError, available_backends
+from gemkernels.compress.config import PRESETS, GEMConfig
+from gemkernels.compress.evidence import EvidenceConfig
+from gemkernels.compress.gem import GEM, Compressed, CompressionStats
+from gemkernels.select.ragged import RaggedBatch
+from gemkernels.select.result import RaggedSelection, Selection
 
 __version__ = "0.1.0"
 

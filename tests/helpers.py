@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gemkernels.encoders import HashEncoder
+from gemkernels.compress.encoders import HashEncoder
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "django-11276.json"

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from gemkernels import analysis, analyze_cli
-from gemkernels.analysis import Subspace, Tolerance
-from gemkernels.metrics import nearest
+from gemkernels.evaluate import analysis, analysis_report as analyze_cli
+from gemkernels.evaluate.analysis import Subspace, Tolerance
+from gemkernels.evaluate.retention import nearest
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:

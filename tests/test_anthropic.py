@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gemkernels import GEM
-from gemkernels.blocks import ANTHROPIC, OPENAI, BlockStructureError, detect_format, parse_history, reconstruct
-from gemkernels.encoders import HashEncoder
+from gemkernels.compress.blocks import ANTHROPIC, OPENAI, BlockStructureError, detect_format, parse_history, reconstruct
+from gemkernels.compress.encoders import HashEncoder
 
 
 def tool_use(use_id, name="bash", **inputs):

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gemkernels import bench_machine, bench_point, bench_report, benchmark
-from gemkernels.bench_point import Point, Settings
+from gemkernels.benchmark import machine as bench_machine, point as bench_point, report as bench_report, sweep as benchmark
+from gemkernels.benchmark.point import Point, Settings
 from helpers import ROOT
 
 RECORD_KEYS = {"kind", "status", "note", "config", "timing", "checks", "metrics", "ceilings", "env"}
@@ -190,14 +190,14 @@ def test_triton_paths_in_the_interpreter(tmp_path):
         assert ok[name]["config"]["path"] == name.removeprefix("triton-")
         assert ok[name]["checks"]["same_indices_as_torch"] == 1.0
         assert ok[name]["metrics"]["speedup_vs_torch"] > 0
-    from gemkernels.backends import triton_backend
+    from gemkernels.select.backends import triton_backend
 
     assert triton_backend.OPTIONS == triton_backend.TritonOptions()  # the forced options were put back
 
 
 def test_forced_triton_options_by_contender_name():
     pytest.importorskip("torch")
-    from gemkernels.backends import triton_backend
+    from gemkernels.select.backends import triton_backend
 
     for path, expected in ((None, triton_backend.TritonOptions()),
                            ("fused", triton_backend.TritonOptions(path="fused")),
@@ -327,7 +327,7 @@ def test_gram_workspace_is_planned_at_its_group_budget():
     """The gram path launches groups whose Gram matrices fit GRAM_MAX_BYTES, so a point plans for that much, not
     for every session's n^2 at once (8192 x 1024^2 fp32 would be 32 GiB), and none when G stays on chip."""
     pytest.importorskip("torch")
-    from gemkernels.backends.triton_backend import GRAM_MAX_BYTES
+    from gemkernels.select.backends.triton_backend import GRAM_MAX_BYTES
 
     big, small = Point("fixed", "fp32", 8192, 1024, 384, 16), Point("fixed", "fp32", 4, 64, 384, 16)
     for point, contender, gram in ((big, "triton-gram", GRAM_MAX_BYTES + 4 * 1024 ** 2),

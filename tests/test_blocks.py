@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from gemkernels.blocks import BlockStructureError, parse_history
-from gemkernels.representation import MAX_CHARS, block_text, truncate_middle
+from gemkernels.compress.blocks import BlockStructureError, parse_history
+from gemkernels.compress.representation import MAX_CHARS, block_text, truncate_middle
 from helpers import EXAMPLE
 
 

@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemkernels import GEM, GEMConfig, select
-from gemkernels.blocks import parse_history
-from gemkernels.config import resolve_config
-from gemkernels.encoders import CachedEncoder, HashEncoder
-from gemkernels.evidence import EvidenceConfig
-from gemkernels.gem import could_repay, renewal_gap, repay_reason
-from gemkernels.online_policies import AmortizedForgetting
+from gemkernels.compress.blocks import parse_history
+from gemkernels.compress.config import resolve_config
+from gemkernels.compress.encoders import CachedEncoder, HashEncoder
+from gemkernels.compress.evidence import EvidenceConfig
+from gemkernels.compress.gem import could_repay, renewal_gap, repay_reason
+from gemkernels.evaluate.online_policies import AmortizedForgetting
 from helpers import TRAJECTORIES
 
 from test_gem import synthetic_history
@@ -209,7 +209,7 @@ def test_cache_aware_invariants_on_every_development_run():
     request is a byte-identical prefix of the next; the budget of 40 forwarded blocks is never passed."""
     from test_gem_runs import RUNS, check_step
 
-    from gemkernels.loaders import checkpoints
+    from gemkernels.evaluate.loaders import checkpoints
 
     rewrites = 0
     for run in RUNS:
@@ -239,9 +239,9 @@ def test_cache_aware_invariants_on_every_development_run():
 def test_rewrite_evidence_of_amortized_forgetting_by_hand():
     """Amortized(10 -> 4) rewrites at 11 blocks and keeps blocks 7-10; the next action (block 11) names a file
     that only block 0 mentions, so neither the kept nor the equally large recent set retains it."""
-    from gemkernels.loaders import Run
-    from gemkernels.online_policies import PolicyOptions
-    from gemkernels.online_replay import evidence_means, replay_run
+    from gemkernels.evaluate.loaders import Run
+    from gemkernels.evaluate.online_policies import PolicyOptions
+    from gemkernels.evaluate.online_replay import evidence_means, replay_run
 
     messages = equal_blocks(14)
     messages[3] = {**messages[3], "content": "src/special_module.py: def handler"}

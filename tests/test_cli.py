@@ -2,7 +2,7 @@
 
 import json
 
-from gemkernels.blocks import parse_history
+from gemkernels.compress.blocks import parse_history
 from gemkernels.cli import main
 from helpers import EXAMPLE, ROOT
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gemkernels.costs import CallCost, Prices, TokenCache, Totals, call_cost, common_prefix, serialise
+from gemkernels.compress.tokens import CallCost, Prices, TokenCache, Totals, call_cost, common_prefix, serialise
 
 
 def test_three_calls_by_hand():

@@ -139,7 +139,7 @@ def test_the_callers_masks_are_left_alone():
 
 def test_warm_up_runs_both_kernels_on_float32_rows(monkeypatch):
     """The server's warm-up must reach the one-session kernel and the batch kernel with float32 rows."""
-    from gemkernels.backends import numba_backend
+    from gemkernels.select.backends import numba_backend
     from gemkernels.kernels import greedy_cpu
 
     seen = []
@@ -158,7 +158,7 @@ def test_warm_up_runs_both_kernels_on_float32_rows(monkeypatch):
 
 def test_a_batch_called_from_a_pool_worker_runs_there():
     """A worker that itself selects a batch must not wait on its own pool (it runs the ranges inline)."""
-    from gemkernels.backends import numba_backend
+    from gemkernels.select.backends import numba_backend
 
     rng = np.random.default_rng(15)
     xs, ps, es, taus, ks = many_sessions(rng, 6, 16)
@@ -192,7 +192,7 @@ def test_a_forked_child_gets_a_pool_of_its_own():
 @pytest.mark.parametrize("lengths,parts", [([5], 2), ([5, 5, 5, 5], 2), ([100, 1, 1], 2), ([1, 1, 1, 397], 4),
                                            ([10] * 8, 3), ([1] * 5, 16), ([3, 0, 4], 2)])
 def test_session_ranges_cover_every_session_once_in_order(lengths, parts):
-    from gemkernels.backends.numba_backend import session_ranges
+    from gemkernels.select.backends.numba_backend import session_ranges
 
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     ranges = session_ranges(offsets, parts)

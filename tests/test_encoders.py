@@ -5,7 +5,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from gemkernels.encoders import CachedEncoder, HashEncoder, make_encoder
+from gemkernels.compress.encoders import CachedEncoder, HashEncoder, make_encoder
 
 
 def test_hash_encoder_is_deterministic_normalised_and_discriminative():
@@ -54,7 +54,7 @@ minilm = pytest.mark.skipif(
 @minilm
 def test_minilm_loads_offline_and_windows_long_texts(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from gemkernels.encoders import MiniLMEncoder
+    from gemkernels.compress.encoders.minilm import MiniLMEncoder
 
     enc = MiniLMEncoder(device="cpu", window_tokens=32)
     short = "the test suite fails with an ImportError in models.py"

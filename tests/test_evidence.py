@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemkernels.blocks import Action, Block, parse_history
-from gemkernels.evidence import (
+from gemkernels.compress.blocks import Action, Block, parse_history
+from gemkernels.compress.evidence import (
     RULES, BlockFeatures, EvidenceConfig, block_features, error_blocks, goal_blocks, initial_blocks, protect,
     recent_blocks, source_blocks, state_blocks,
 )

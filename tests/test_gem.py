@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gemkernels import GEM, GEMConfig
-from gemkernels.blocks import parse_history
-from gemkernels.encoders import HashEncoder
+from gemkernels.compress.blocks import parse_history
+from gemkernels.compress.encoders import HashEncoder
 from helpers import EXAMPLE
 
 TOPICS = ["models.py migration", "views.py template render", "urls.py routing", "tests failing assertion",

@@ -11,9 +11,9 @@ import json
 import pytest
 
 from gemkernels import GEM
-from gemkernels.blocks import parse_history
-from gemkernels.encoders import CachedEncoder, HashEncoder
-from gemkernels.loaders import checkpoints, load_runs
+from gemkernels.compress.blocks import parse_history
+from gemkernels.compress.encoders import CachedEncoder, HashEncoder
+from gemkernels.evaluate.loaders import checkpoints, load_runs
 from helpers import TRAJECTORIES
 
 DATA = TRAJECTORIES

@@ -34,7 +34,7 @@ def test_gram_plan_lists_each_upper_tile_once():
 def test_ragged_gram_matches_float64_and_is_symmetric(dtype, block_k):
     """Every entry of every session's G_s = X_hat X_hat^T, with tiles smaller than the sessions and d (24: the
     unmasked K loop with BLOCK_K 8, the masked one with 16)."""
-    from gemkernels.backends.triton_backend import kernel_device
+    from gemkernels.select.backends.triton_backend import kernel_device
     from gemkernels.kernels.gram import ragged_gram
 
     rng = np.random.default_rng(3)
@@ -90,7 +90,7 @@ def test_resident_limits(n_max, width, source, fits):
 def test_gram_on_chip_matches_numpy(d, monkeypatch):
     """Sessions of up to 64 rows compute G on chip, with the unmasked K loop (d = 32) and the masked one."""
     import gemkernels as gk
-    from gemkernels.backends import triton_backend
+    from gemkernels.select.backends import triton_backend
     from gemkernels.kernels import greedy_resident
 
     launched = []
@@ -111,7 +111,7 @@ def test_gram_on_chip_matches_numpy(d, monkeypatch):
 
 
 def test_resident_greedy_refuses_sessions_it_cannot_hold():
-    from gemkernels.backends.triton_backend import kernel_device
+    from gemkernels.select.backends.triton_backend import kernel_device
     from gemkernels.kernels.greedy_resident import greedy_resident
 
     x = torch.zeros(300, 8, device=kernel_device())
@@ -124,7 +124,7 @@ def test_resident_greedy_refuses_sessions_it_cannot_hold():
 def test_warm_up_launches_one_variant_per_row_bucket(monkeypatch):
     """Sessions of 16, 32 and 64 rows in 24 dimensions: gram (G computed on chip) while n <= d, then passes over
     X; the register-resident greedy each time, with the row tile of that bucket and a step tile for k."""
-    from gemkernels.backends import triton_backend
+    from gemkernels.select.backends import triton_backend
     from gemkernels.kernels import greedy_resident
 
     launched = []
@@ -140,7 +140,7 @@ def test_warm_up_launches_one_variant_per_row_bucket(monkeypatch):
 
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.integers(1, 8000))
 def test_gram_groups_cover_the_batch_within_budget(lengths, budget):
-    from gemkernels.backends.triton_backend import gram_groups
+    from gemkernels.select.backends.triton_backend import gram_groups
 
     groups = gram_groups(np.array(lengths), budget)
     assert groups[0][0] == 0 and groups[-1][1] == len(lengths)
@@ -156,7 +156,7 @@ def test_gram_path_over_budget_runs_in_groups_with_the_same_answers(monkeypatch)
     """A batch whose Gram matrices pass GRAM_MAX_BYTES: several launches, each session's answer the one it gets
     in a single launch (bit for bit when each group runs the same kernels)."""
     import gemkernels as gk
-    from gemkernels.backends import triton_backend
+    from gemkernels.select.backends import triton_backend
     from gemkernels.kernels import gram
 
     rng = np.random.default_rng(5)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gemkernels.blocks import BlockStructureError, parse_history
-from gemkernels.loaders import BASH_BLOCK, Run, checkpoints, load_run, load_runs, read_runs
+from gemkernels.compress.blocks import BlockStructureError, parse_history
+from gemkernels.evaluate.loaders import BASH_BLOCK, Run, checkpoints, load_run, load_runs, read_runs
 from helpers import TRAJECTORIES, call_ids
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from gemkernels.blocks import Action, Block
-from gemkernels.metrics import (METRICS, Targets, argument_strings, block_words, captured_energy, centroid_similarity,
+from gemkernels.compress.blocks import Action, Block
+from gemkernels.evaluate.retention import (METRICS, Targets, argument_strings, block_words, captured_energy, centroid_similarity,
                                 nearest, projected, referenced_blocks, references, retained_fraction, span_weights)
-from gemkernels.representation import block_text
+from gemkernels.compress.representation import block_text
 
 E = np.eye(4)
 

@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 
 from gemkernels import GEM
-from gemkernels.blocks import parse_history
-from gemkernels.config import resolve_config, with_overrides
-from gemkernels.costs import CallCost, Prices, TokenCache, Totals, call_cost
-from gemkernels.encoders import CachedEncoder, HashEncoder
-from gemkernels.loaders import Run, checkpoints
-from gemkernels.online_policies import POLICIES, GEMPolicy, Masking, PolicyOptions, Window, policy_builder
-from gemkernels.online_replay import (RewriteEvidence, add_parser, evidence_markdown, evidence_means, markdown,
-                                      pooled, relative, replay_run, replay_runs, report, run)
+from gemkernels.compress.blocks import parse_history
+from gemkernels.compress.config import resolve_config, with_overrides
+from gemkernels.compress.tokens import CallCost, Prices, TokenCache, Totals, call_cost
+from gemkernels.compress.encoders import CachedEncoder, HashEncoder
+from gemkernels.evaluate.loaders import Run, checkpoints
+from gemkernels.evaluate.online_policies import POLICIES, GEMPolicy, Masking, PolicyOptions, Window, policy_builder
+from gemkernels.evaluate.online_replay import RewriteEvidence, add_parser, evidence_markdown, evidence_means, markdown, pooled, relative, replay_run, replay_runs, report, run
 from helpers import call_ids
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -278,7 +277,7 @@ def test_cli_rejects_bad_options(argv, capsys):
 
 
 def test_a_model_encoder_writes_one_cache_shard_per_run(tmp_path):
-    from gemkernels import online_replay
+    from gemkernels.evaluate import online_replay
 
     cache = online_replay.EmbeddingCache(CachedEncoder(HashEncoder(16)), tmp_path)
     run_ = Run("r", "openai", synthetic(40), "Fix it", "<memory>")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("httpx")
-from gemkernels.encoders import Encoder  # noqa: E402
-from gemkernels.remote_encoder import OpenAIEmbeddingsEncoder  # noqa: E402
+from gemkernels.compress.encoders import Encoder  # noqa: E402
+from gemkernels.compress.encoders.remote import OpenAIEmbeddingsEncoder  # noqa: E402
 
 KEY = "sk-test-secret-0123456789"
 

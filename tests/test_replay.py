@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemkernels.blocks import parse_history
-from gemkernels.encoders import HashEncoder
-from gemkernels.loaders import load_runs
-from gemkernels.replay import EmbeddingCache, Plan, action_text, add_parser, prepare, replay
-from gemkernels.representation import block_text
+from gemkernels.compress.blocks import parse_history
+from gemkernels.compress.encoders import HashEncoder
+from gemkernels.evaluate.loaders import load_runs
+from gemkernels.compress.encoders.cache import EmbeddingCache
+from gemkernels.evaluate.replay import Plan, action_text, add_parser, prepare, replay
+from gemkernels.compress.representation import block_text
 from helpers import CountingEncoder
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import gemkernels as gk
-from gemkernels.backends import auto_backend, get_backend
+from gemkernels.select.backends import auto_backend, get_backend
 from helpers import KernelSpy
 from reference import (STOP_CAPACITY, STOP_COVERAGE, STOP_EXHAUSTED, expected_stop, reference_select,
                        replay)
@@ -280,7 +280,7 @@ def brute_force_copies(x: np.ndarray) -> dict[int, int]:
 @given(n=st.integers(1, 40), copies=st.lists(st.tuples(st.integers(0, 39), st.integers(0, 39)), max_size=12),
        dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**16))
 def test_earlier_copies_finds_exactly_the_repeated_rows(n, copies, dtype, seed):
-    from gemkernels.backends.numpy_backend import earlier_copies
+    from gemkernels.select.backends.numpy_backend import earlier_copies
 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, 5)).astype(dtype)
@@ -299,7 +299,7 @@ def test_earlier_copies_finds_exactly_the_repeated_rows(n, copies, dtype, seed):
 
 def test_earlier_copies_compares_past_the_hashed_columns():
     """Rows equal in every hashed column but one later value are not copies; a true copy still is."""
-    from gemkernels.backends.numpy_backend import HASH_COLUMNS, earlier_copies
+    from gemkernels.select.backends.numpy_backend import HASH_COLUMNS, earlier_copies
 
     x = np.ones((6, HASH_COLUMNS + 6), dtype=np.float32)
     x[np.arange(6), HASH_COLUMNS + np.arange(6)] = 2.0  # each row differs from the others after the hash
@@ -339,7 +339,7 @@ def test_triton_paths_match_reference(path, resident, lengths, greedy, monkeypat
     kernel behind them (``greedy``: the kernel and the resident greedy's source of Gram rows)."""
     for mark in backend_marks("triton"):
         pytest.skip(mark.kwargs["reason"])
-    from gemkernels.backends import triton_backend
+    from gemkernels.select.backends import triton_backend
     from gemkernels.kernels import greedy_fused, greedy_resident
 
     assert path in triton_backend.PATHS
@@ -1081,7 +1081,7 @@ def test_numpy_input_on_triton_gives_numpy():
 def test_cuda_every_triton_path_and_dtype_at_default_tiles(path, resident, dtype, monkeypatch):
     """Three batches: the longest session 1000 rows (gram keeps its greedy in registers, fused cannot), 200 rows
     (both can) and 64 rows (gram computes G on chip), each with the register-resident greedy allowed and not."""
-    from gemkernels.backends import triton_backend
+    from gemkernels.select.backends import triton_backend
 
     monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path=path, resident=resident))
     rng = np.random.default_rng(54)

@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemkernels.evidence import BlockFeatures, EvidenceConfig
-from gemkernels.selectors import (SELECTORS, View, cosine_top_k, natural_budget, novelty_top_k, protected, recent_k,
+from gemkernels.compress.evidence import BlockFeatures, EvidenceConfig
+from gemkernels.evaluate.selectors import (SELECTORS, View, cosine_top_k, natural_budget, novelty_top_k, protected, recent_k,
                                   residual_completion)
 
 E = np.eye(6, dtype=np.float32)

@@ -22,12 +22,12 @@ pytest.importorskip("prometheus_client")
 
 import gemkernels as gk  # noqa: E402
 from fake_upstream import HANG_S, FakeUpstream, ServerThread  # noqa: E402
-from gemkernels.batching import BatchingEncoder, MicroBatcher, QueueFullError, SelectionBatcher  # noqa: E402
-from gemkernels.blocks import parse_history  # noqa: E402
-from gemkernels.client_wrap import wrap  # noqa: E402
-from gemkernels.config import with_overrides  # noqa: E402
-from gemkernels.encoders import make_encoder  # noqa: E402
-from gemkernels.server import SESSION_HEADER, ServerConfig, create_app, session_of, upstream_url  # noqa: E402
+from gemkernels.serve.batching import BatchingEncoder, MicroBatcher, QueueFullError, SelectionBatcher  # noqa: E402
+from gemkernels.compress.blocks import parse_history  # noqa: E402
+from gemkernels.serve.client_wrap import wrap  # noqa: E402
+from gemkernels.compress.config import with_overrides  # noqa: E402
+from gemkernels.compress.encoders import make_encoder  # noqa: E402
+from gemkernels.serve.app import SESSION_HEADER, ServerConfig, create_app, session_of, upstream_url  # noqa: E402
 from helpers import EXAMPLE  # noqa: E402
 
 MESSAGES = json.loads(EXAMPLE.read_text())["messages"]
@@ -357,7 +357,7 @@ def test_triton_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrid
     pytest.importorskip("triton")
     from starlette.testclient import TestClient
 
-    from gemkernels.backends import triton_backend
+    from gemkernels.select.backends import triton_backend
 
     calls = []
 
@@ -388,7 +388,7 @@ def test_numba_kernels_compile_at_start_up(monkeypatch, caplog):
     pytest.importorskip("numba")
     from starlette.testclient import TestClient
 
-    from gemkernels.backends import numba_backend
+    from gemkernels.select.backends import numba_backend
 
     calls = []
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemkernels.config import PRESETS, GEMConfig, resolve_config
-from gemkernels.evidence import EvidenceConfig
-from gemkernels.guard import guarded_removals
-from gemkernels.sessions import SessionState, SessionStore
+from gemkernels.compress.config import PRESETS, GEMConfig, resolve_config
+from gemkernels.compress.evidence import EvidenceConfig
+from gemkernels.compress.guard import guarded_removals
+from gemkernels.compress.sessions import SessionState, SessionStore
 
 
 def state(tag: str) -> SessionState:

@@ -1,0 +1,141 @@
+"""``gem compress FILE|-``: run GEM on a chat request, a messages list or a recorded agent run (cut at
+``--step N``), print what it kept and why, and write the forwarded request with ``-o``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gemkernels.cli.extras import encoder_extras, require
+from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
+from gemkernels.compress.encoders import ENCODER_HELP
+if TYPE_CHECKING:
+    from gemkernels.compress.gem import CompressionStats
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``gem compress``."""
+    comp = subparsers.add_parser("compress", help="compress a chat request or a recorded run")
+    comp.add_argument("source", help="request/messages JSON, a recorded run (mini-swe-agent, SWE-agent, "
+                                     "tau-bench, OpenAI JSON/JSONL), or - for a request on stdin")
+    comp.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
+    comp.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="default %(default)s")
+    comp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help=OVERRIDE_HELP)
+    comp.add_argument("--step", type=int, help="cut a recorded run before its N-th assistant action")
+    comp.add_argument("--run", help="which run of a multi-run file (tau-bench)")
+    comp.add_argument("--session", help="session id (default: derived from the prefix)")
+    comp.add_argument("--goal", help="the current task (default: the latest user instruction)")
+    comp.add_argument("-o", "--output", help="write the forwarded request or messages here (- for stdout)")
+    comp.add_argument("--stats", help="write the stats as JSON here")
+    comp.add_argument("-v", "--verbose", action="store_true", help="list every block with why it was kept")
+    comp.set_defaults(func=run)
+
+
+def read_request(source: str, run_name: str | None) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None]:
+    """(request object or None, messages, recorded goal) from a file, a recorded run, or ``-`` (stdin)."""
+    if source == "-":
+        data = json.load(sys.stdin)
+    else:
+        data = json.loads(Path(source).read_text()) if source.endswith(".json") else None
+    if isinstance(data, dict) and isinstance(data.get("messages"), list) and "model" in data:
+        return data, data["messages"], None
+    if source == "-":
+        raise ValueError("stdin must hold a chat request object with 'model' and 'messages'")
+    plain = isinstance(data, list) and all(isinstance(m, dict) and "role" in m for m in data)
+    if plain or (isinstance(data, dict) and isinstance(data.get("messages"), list)
+                 and "trajectory_format" not in data):
+        return None, data if plain else data["messages"], None  # forwarded as given, even if invalid
+    from gemkernels.evaluate.loaders import read_runs
+
+    runs = read_runs(source)
+    if run_name is not None:
+        runs = [run for run in runs if run.name == run_name]
+        if not runs:
+            raise ValueError(f"{source} holds no run named {run_name!r}")
+    if len(runs) > 1:
+        names = ", ".join(run.name for run in runs[:5])
+        raise ValueError(f"{source} holds {len(runs)} runs; pick one with --run (e.g. {names})")
+    return None, runs[0].messages, runs[0].goal
+
+
+def summary(stats: CompressionStats, labels: dict[int, str]) -> str:
+    """A readable account of one compression."""
+    lines = [f"{stats.action}: {stats.reason}"]
+    if stats.blocks:
+        lines.append(f"blocks: {stats.blocks}, forwarded {stats.forwarded_blocks}, removed {len(stats.removed_blocks)}")
+    for rule, picks in stats.protected.items():
+        if picks:
+            lines.append(f"  protected by {rule}: {picks}")
+    if stats.core:
+        lines.append(f"  selected core ({len(stats.core)}, coverage {stats.coverage:.3f}): {stats.core}")
+    if stats.removed_blocks:
+        lines.append(f"  removed: {stats.removed_blocks}")
+    if stats.chars_before:
+        saved = 1 - stats.chars_after / stats.chars_before
+        lines.append(f"characters: {stats.chars_before} -> {stats.chars_after} ({saved:.1%} saved)")
+    if stats.tokens_before:
+        saved = 1 - stats.tokens_after / stats.tokens_before
+        lines.append(f"tokens (o200k): {stats.tokens_before} -> {stats.tokens_after} ({saved:.1%} saved)")
+    lines.append("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in stats.seconds.items()))
+    lines += [f"  block {b}: {label}" for b, label in sorted(labels.items())]
+    return "\n".join(lines)
+
+
+def block_labels(stats: CompressionStats) -> dict[int, str]:
+    """Why each block was kept or dropped."""
+    rules: dict[int, list[str]] = {}
+    for rule, picks in stats.protected.items():
+        for b in picks:
+            rules.setdefault(b, []).append(rule)
+    core, removed = set(stats.core), set(stats.removed_blocks)
+    labels = {}
+    for b in range(stats.blocks if stats.action in ("reselected", "appended") else 0):
+        why = rules.get(b, []) + (["core"] if b in core and b not in rules else [])
+        if b in removed:
+            labels[b] = "removed"
+        else:
+            labels[b] = f"kept ({', '.join(why)})" if why else "kept (outside the core, within the guard's budget)"
+    return labels
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compress, print the account, write ``-o`` / ``--stats``; 2 on bad input or a missing extra."""
+    if not require("compress", *encoder_extras(args.encoder)):
+        return 2
+    from gemkernels.compress.config import with_overrides
+    from gemkernels.compress.gem import GEM
+    from gemkernels.evaluate.loaders import checkpoints
+
+    try:
+        request, messages, recorded_goal = read_request(args.source, args.run)
+    except (OSError, ValueError) as err:
+        print(f"gem compress: {err}", file=sys.stderr)
+        return 2
+    if args.step is not None:
+        starts = checkpoints(messages)
+        if not 0 <= args.step < len(starts):
+            print(f"gem compress: --step must lie in [0, {len(starts) - 1}] for this run", file=sys.stderr)
+            return 2
+        messages = messages[:starts[args.step]]
+    try:
+        config = with_overrides(args.preset, args.set)
+    except ValueError as err:
+        print(f"gem compress: {err}", file=sys.stderr)
+        return 2
+    gem = GEM(config, encoder=args.encoder)
+    result = gem.compress(messages, session_id=args.session, goal=args.goal or recorded_goal)
+    print(summary(result.stats, block_labels(result.stats) if args.verbose else {}), file=sys.stderr)
+    if args.output:
+        forwarded = {**request, "messages": result.messages} if request is not None else result.messages
+        text = json.dumps(forwarded, ensure_ascii=False, indent=1)
+        if args.output == "-":
+            print(text)
+        else:
+            Path(args.output).write_text(text)
+    if args.stats:
+        Path(args.stats).write_text(json.dumps(result.stats.to_dict(), indent=1))
+    return 0
+

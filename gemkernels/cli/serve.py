@@ -1,0 +1,55 @@
+"""``gem serve --upstream URL``: the compressing OpenAI- and Anthropic-compatible proxy (`gemkernels.serve`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from gemkernels.cli.extras import encoder_extras, require
+from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
+from gemkernels.compress.encoders import ENCODER_HELP
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``gem serve``."""
+    p = subparsers.add_parser("serve", help="run the compressing OpenAI/Anthropic-compatible proxy")
+    p.add_argument("--upstream", required=True, help="the API to forward to, e.g. https://api.openai.com/v1")
+    p.add_argument("--host", default="127.0.0.1", help="default %(default)s")
+    p.add_argument("--port", type=int, default=8088, help="default %(default)s")
+    p.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="default %(default)s")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help=OVERRIDE_HELP)
+    p.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="batching wait (default %(default)s ms)")
+    p.add_argument("--max-batch", type=int, default=64, help="default %(default)s")
+    p.add_argument("--workers", type=int, default=8, help="compression threads (default %(default)s)")
+    p.add_argument("--max-pending", type=int, default=1024,
+                   help="compressions queued or running before requests go out uncompressed (default %(default)s)")
+    p.add_argument("--max-sessions", type=int, default=10_000, help="default %(default)s")
+    p.add_argument("--timeout", type=float, default=600.0, help="upstream timeout in seconds (default %(default)s)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; in-flight requests are drained (up to 60 s) on shutdown."""
+    if not require("serve", "serve", *encoder_extras(args.encoder)):
+        return 2
+    import uvicorn
+
+    from gemkernels.compress.config import with_overrides
+    from gemkernels.serve.app import ServerConfig, create_app
+
+    try:
+        with_overrides(args.preset, args.set)
+    except ValueError as err:
+        print(f"gem serve: {err}", file=sys.stderr)
+        return 2
+    config = ServerConfig(upstream=args.upstream, preset=args.preset, overrides=tuple(args.set), encoder=args.encoder,
+                          max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, workers=args.workers,
+                          max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout)
+    logging.getLogger("gemkernels").setLevel(logging.INFO)
+    uvicorn.run(create_app(config), host=args.host, port=args.port, timeout_graceful_shutdown=60,
+                log_level="info")
+    return 0
+

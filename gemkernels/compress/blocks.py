@@ -1,0 +1,286 @@
+"""Interaction blocks of a chat history (DESIGN.md §2 stage 1), OpenAI and Anthropic alike.
+
+A removable block is one assistant message that calls tools plus every message answering
+those calls: OpenAI ``tool`` messages matched by ``tool_call_id``, or the Anthropic ``user``
+message whose ``tool_result`` parts answer the ``tool_use`` parts. Everything else (the
+prefix, plain turns, legacy ``function_call``) is never removed. Blocks refer to the
+caller's messages by position: parsing copies and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+OPENAI, ANTHROPIC = "openai", "anthropic"
+
+
+class BlockStructureError(ValueError):
+    """The history cannot be split safely (duplicate, missing or orphan tool-call ids); forward it unchanged."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """One tool call: its name and its arguments as text (JSON as the caller sent it)."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where one removable block sits: its message positions (assistant first) and its tool-call ids."""
+
+    positions: tuple[int, ...]
+    call_ids: tuple[str, ...]
+
+    @property
+    def start(self) -> int:
+        return self.positions[0]
+
+    @cached_property
+    def key(self) -> str:
+        """Stable identity across requests: the tool-call ids."""
+        return "\x1f".join(self.call_ids)
+
+
+@dataclass(frozen=True)
+class Block(Span):
+    """One removable block with its normalised content."""
+
+    reasoning: str
+    text: str
+    actions: tuple[Action, ...]
+    observations: tuple[str, ...]
+    failed: bool = False  # a result the caller marked as an error (Anthropic ``is_error``)
+
+
+@dataclass(frozen=True)
+class History:
+    """A parsed request: the caller's messages, their format, and where the removable blocks are.
+
+    Parsing only matches ids (cheap, every call); a block's content is read on demand by `block`.
+    """
+
+    messages: Sequence[dict[str, Any]]
+    format: str
+    spans: tuple[Span, ...]
+
+    @property
+    def prefix_end(self) -> int:
+        """Messages before the first block (system prompt, task) form the prefix."""
+        return self.spans[0].start if self.spans else len(self.messages)
+
+    @cached_property
+    def block_positions(self) -> frozenset[int]:
+        return frozenset(p for span in self.spans for p in span.positions)
+
+    @cached_property
+    def blocks(self) -> tuple[Block, ...]:
+        return tuple(self.block(i) for i in range(len(self.spans)))
+
+    def block(self, i: int) -> Block:
+        """Block ``i`` with its content read from the messages."""
+        read = openai_block if self.format == OPENAI else anthropic_block
+        return read(self.messages, self.spans[i])
+
+    def task_text(self, which: str = "latest") -> str:
+        """The ``latest`` (or ``first``) user instruction that is not a tool result ('' if none)."""
+        order = reversed(self.messages) if which == "latest" else iter(self.messages)
+        for message in order:
+            if message.get("role") == "user" and not is_tool_result_message(message):
+                text = content_text(message.get("content"))
+                if text.strip():
+                    return text
+        return ""
+
+
+def content_text(content: Any) -> str:
+    """Plain text of a message ``content``: a string, or the text parts of a list (other parts are skipped)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict):
+                if isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+                elif part.get("type") == "tool_result":
+                    parts.append(content_text(part.get("content")))
+        return "\n".join(parts)
+    return json.dumps(content, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def is_tool_result_message(message: dict[str, Any]) -> bool:
+    """An OpenAI ``tool``/``function`` message, or an Anthropic user message carrying ``tool_result`` parts."""
+    if message.get("role") in ("tool", "function"):
+        return True
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") == "tool_result" for part in content)
+
+
+def detect_format(messages: Sequence[dict[str, Any]]) -> str:
+    """``anthropic`` when any message carries ``tool_use``/``tool_result`` parts, else ``openai``."""
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in ("tool_use", "tool_result")
+                                             for p in content):
+            return ANTHROPIC
+    return OPENAI
+
+
+def parse_history(messages: Any, format: str = "auto") -> History:
+    """Split ``messages`` into blocks; raises `BlockStructureError` on anything unsafe to edit."""
+    if not isinstance(messages, (list, tuple)):
+        raise BlockStructureError(f"messages must be a list, got {type(messages).__name__}")
+    for i, message in enumerate(messages):
+        if type(message) is not dict or type(message.get("role")) is not str:
+            if isinstance(message, dict) and isinstance(message.get("role"), str):
+                continue
+            what = "has no role" if isinstance(message, dict) else f"is {type(message).__name__}, not an object"
+            raise BlockStructureError(f"message {i} {what}")
+    fmt = detect_format(messages) if format == "auto" else format
+    if fmt == OPENAI:
+        spans = openai_spans(messages)
+    elif fmt == ANTHROPIC:
+        spans = anthropic_spans(messages)
+    else:
+        raise ValueError(f"unknown message format {format!r}; choose auto, openai or anthropic")
+    return History(messages, fmt, tuple(spans))
+
+
+def openai_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
+    """Assistant messages with ``tool_calls`` and the ``tool`` messages answering them, ids unique and matched."""
+    owner: dict[str, int] = {}
+    spans: dict[int, tuple[list[int], tuple[str, ...]]] = {}
+    early: list[tuple[int, Any]] = []
+    answered: set[str] = set()
+    for i, message in enumerate(messages):
+        role = message["role"]
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            start = owner.get(call_id)
+            if start is None:
+                early.append((i, call_id))
+            elif call_id in answered:
+                raise BlockStructureError(f"tool call id {call_id!r} is answered twice")
+            else:
+                answered.add(call_id)
+                spans[start][0].append(i)
+        elif role == "assistant":
+            calls = message.get("tool_calls")
+            if not calls:
+                continue
+            if not isinstance(calls, list):
+                raise BlockStructureError(f"message {i} has tool_calls that are not a list")
+            ids = tuple([call.get("id") if isinstance(call, dict) else None for call in calls])
+            for call_id in ids:
+                if not isinstance(call_id, str) or not call_id:
+                    raise BlockStructureError(f"message {i} has a tool call without an id")
+                if call_id in owner:
+                    raise BlockStructureError(f"tool call id {call_id!r} is used twice (messages {owner[call_id]} "
+                                              f"and {i})")
+                owner[call_id] = i
+            spans[i] = ([i], ids)
+    for i, call_id in early:
+        if call_id in owner:
+            raise BlockStructureError(f"tool message {i} comes before its call (message {owner[call_id]})")
+        raise BlockStructureError(f"tool message {i} answers unknown call id {call_id!r}")
+    if len(answered) != len(owner):
+        missing = min(set(owner) - answered, key=owner.get)
+        raise BlockStructureError(f"tool call {missing!r} (message {owner[missing]}) has no result")
+    return [Span(tuple(positions), ids) for positions, ids in spans.values()]
+
+
+def openai_block(messages: Sequence[dict[str, Any]], span: Span) -> Block:
+    """Content of an OpenAI block: reasoning, text, function calls and tool results."""
+    assistant = messages[span.start]
+    actions = []
+    for call in assistant["tool_calls"]:
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        arguments = function.get("arguments", "")
+        actions.append(Action(str(function.get("name", "")),
+                              arguments if isinstance(arguments, str) else json.dumps(arguments)))
+    return Block(span.positions, span.call_ids,
+                 reasoning=content_text(assistant.get("reasoning_content") or assistant.get("reasoning")),
+                 text=content_text(assistant.get("content")), actions=tuple(actions),
+                 observations=tuple(content_text(messages[p].get("content")) for p in span.positions[1:]))
+
+
+def anthropic_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
+    """Assistant ``tool_use`` messages answered exactly by the next user message's ``tool_result`` parts.
+
+    A block whose answering message also carries other parts is valid but not removable."""
+    spans = []
+    seen: set[str] = set()
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        uses = [p for p in parts(message) if p.get("type") == "tool_use"]
+        results = [p for p in parts(message) if p.get("type") == "tool_result"]
+        if results:
+            raise BlockStructureError(f"message {i} holds tool_result parts that answer no preceding tool_use")
+        if message["role"] != "assistant" or not uses:
+            i += 1
+            continue
+        ids = [p.get("id") for p in uses]
+        if not all(isinstance(x, str) and x for x in ids):
+            raise BlockStructureError(f"message {i} has a tool_use without an id")
+        duplicate = next((x for x in ids if x in seen or ids.count(x) > 1), None)
+        if duplicate:
+            raise BlockStructureError(f"tool_use id {duplicate!r} is used twice")
+        seen.update(ids)
+        answer = messages[i + 1] if i + 1 < len(messages) else None
+        answer_parts = parts(answer) if answer is not None and answer["role"] == "user" else []
+        answered = [p.get("tool_use_id") for p in answer_parts if p.get("type") == "tool_result"]
+        if not all(isinstance(a, str) for a in answered) or len(answered) != len(ids) or set(answered) != set(ids):
+            raise BlockStructureError(f"the tool_use ids of message {i} are not answered exactly by message {i + 1}")
+        if all(p.get("type") == "tool_result" for p in answer_parts):
+            spans.append(Span((i, i + 1), tuple(ids)))
+        i += 2
+    return spans
+
+
+def anthropic_block(messages: Sequence[dict[str, Any]], span: Span) -> Block:
+    """Content of an Anthropic block: thinking, text, tool_use inputs and tool_result contents."""
+    assistant, answer = parts(messages[span.start]), parts(messages[span.positions[1]])
+    return Block(span.positions, span.call_ids,
+                 reasoning="\n".join(p.get("thinking", "") for p in assistant if p.get("type") == "thinking"),
+                 text="\n".join(p.get("text", "") for p in assistant if p.get("type") == "text"),
+                 actions=tuple(Action(str(p.get("name", "")), json.dumps(p.get("input", {}), ensure_ascii=False))
+                               for p in assistant if p.get("type") == "tool_use"),
+                 observations=tuple(content_text(p.get("content")) for p in answer if p.get("type") == "tool_result"),
+                 failed=any(p.get("is_error") is True for p in answer if p.get("type") == "tool_result"))
+
+
+def parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dict parts of a message's list content ([] for string content)."""
+    content = message.get("content")
+    return [p for p in content if isinstance(p, dict)] if isinstance(content, list) else []
+
+
+def reconstruct(history: History, kept_blocks: set[int]) -> list[dict[str, Any]]:
+    """The caller's message objects minus the blocks not in ``kept_blocks``, in original order.
+
+    Only whole blocks of a history that parsed are dropped, so the result keeps the parse's guarantees
+    (unique ids, every call with all its results, the prefix and every non-block message) by construction;
+    the tests parse every output again on every development run."""
+    dropped = {p for b, span in enumerate(history.spans) if b not in kept_blocks for p in span.positions}
+    return [message for i, message in enumerate(history.messages) if i not in dropped]
+
+
+def json_object(text: str | bytes) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object, or None when it is not one (a raw command, a non-JSON body)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError):
+        return None
+    return value if isinstance(value, dict) else None

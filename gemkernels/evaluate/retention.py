@@ -1,0 +1,196 @@
+"""Offline retention metrics for a kept subset S of a history's blocks (paper Eq. 3-4, appendix C.2).
+
+Embeddings are unit rows ``x`` (n, d); ``kept`` is an index sequence. E(S) and C(S) measure global
+geometry; projections measure how much of a target direction (next action, final block, goal) the
+span of S holds, and ratios divide by what the whole history holds. An encoder-free companion,
+`referenced_blocks`, finds the earlier blocks the next action names (paths, identifiers, literals,
+numbers) so that their retention can be measured without any embedding.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import keyword
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gemkernels.compress.blocks import Block
+
+# E(S), C(S), P_a(S), R_a(S), T3, R_final(S), R_goal(S), referenced blocks kept, |S| / n
+METRICS = ("coverage", "centroid", "action_projection", "action", "top3", "final", "goal", "referenced",
+           "retained")
+RANK_RTOL = 1e-10  # Gram eigenvalues below this fraction of the largest (singular values below 1e-5) add no direction
+
+
+def span_weights(gram: np.ndarray, rtol: float = RANK_RTOL) -> np.ndarray:
+    """W (m, r) such that ``Q = X_S^T W`` is an orthonormal basis of the span of m rows, from their Gram
+    matrix ``X_S X_S^T``; dependent rows add no column."""
+    lam, u = np.linalg.eigh(np.asarray(gram, dtype=np.float64))
+    keep = lam > rtol * lam[-1] if lam.size and lam[-1] > 0 else np.zeros(lam.size, dtype=bool)
+    return u[:, keep] / np.sqrt(lam[keep])
+
+
+def projected(cross: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``||Q^T v||^2`` for each column v, given ``cross = X_S v`` (m, c) and `span_weights`: P_v(S) of Eq. 4."""
+    return np.sum((weights.T @ cross) ** 2, axis=0)
+
+
+def captured_energy(gram: np.ndarray, kept: np.ndarray, weights: np.ndarray) -> float:
+    """E(S) = mean over all n rows of ``||Q_S^T x_i||^2`` (paper Eq. 3), from the full Gram matrix (n, n)."""
+    return float(np.mean(projected(gram[kept], weights)))
+
+
+def centroid_similarity(gram: np.ndarray, kept: np.ndarray) -> float:
+    """C(S): cosine between the kept rows' mean and all rows' mean (paper Eq. 3); nan if either mean is zero."""
+    norms = np.sqrt(gram[np.ix_(kept, kept)].sum() * gram.sum())
+    return float(gram[kept].sum() / norms) if norms > 0 else float("nan")
+
+
+def ratio(part: float, whole: float, eps: float = 1e-9) -> float:
+    """``part / whole``, or nan when the denominator is not defined (``whole <= eps``)."""
+    return part / whole if whole > eps else float("nan")
+
+
+def nearest(x: np.ndarray, target: np.ndarray, k: int = 3) -> np.ndarray:
+    """The ``k`` rows most similar to ``target`` (dot product; ties: lower index first): N_k(a)."""
+    scores = np.asarray(x, dtype=np.float64) @ np.asarray(target, dtype=np.float64)
+    return np.argsort(-scores, kind="stable")[:k]
+
+
+def retained_fraction(items: Iterable[int], kept: Sequence[int]) -> float:
+    """The fraction of ``items`` that are in ``kept``; nan when there are no items (T3 with N_3(a))."""
+    items = set(int(i) for i in items)
+    return len(items & set(int(i) for i in kept)) / len(items) if items else float("nan")
+
+
+@dataclass(frozen=True)
+class Targets:
+    """One checkpoint's measuring targets, with what every selector shares computed once: the Gram matrix
+    of the n history rows, each target's dot products with them and its projection on the whole history."""
+
+    gram: np.ndarray  # (n, n)
+    cross: np.ndarray  # (n, 3): X a, X final, X goal (zeros without a goal)
+    full: np.ndarray  # (3,): P_v([n])
+    has_goal: bool
+    near: frozenset[int]  # N_3(a)
+    referenced: frozenset[int]
+
+    @classmethod
+    def build(cls, x: np.ndarray, action: np.ndarray, final: np.ndarray, goal: np.ndarray | None,
+              referenced: Iterable[int] = ()) -> Targets:
+        """Targets for unit history rows ``x`` (n, d) and unit target vectors (``goal`` may be None)."""
+        x = np.asarray(x, dtype=np.float64)
+        gram = x @ x.T
+        vectors = np.stack([action, final, goal if goal is not None else np.zeros_like(action)])
+        cross = x @ np.asarray(vectors, dtype=np.float64).T
+        return cls(gram, cross, projected(cross, span_weights(gram)), goal is not None,
+                   frozenset(nearest(x, action, 3).tolist()), frozenset(int(i) for i in referenced))
+
+    def measure(self, kept: Sequence[int]) -> np.ndarray:
+        """All `METRICS` for the kept subset, in order; undefined ratios are nan."""
+        kept = np.asarray(kept, dtype=np.int64)
+        weights = span_weights(self.gram[np.ix_(kept, kept)])
+        action, final, goal = projected(self.cross[kept], weights)
+        return np.array([
+            captured_energy(self.gram, kept, weights),
+            centroid_similarity(self.gram, kept),
+            action,
+            ratio(action, self.full[0]),
+            retained_fraction(self.near, kept),
+            ratio(final, self.full[1]),
+            ratio(goal, self.full[2]) if self.has_goal else float("nan"),
+            retained_fraction(self.referenced, kept),
+            len(kept) / self.gram.shape[0],
+        ])
+
+
+# --------------------------------------------------------------------------- lexical references
+
+EXTENSIONS = ("py|pyi|pyx|ipynb|c|h|cc|cpp|hpp|go|rs|java|kt|js|jsx|ts|tsx|rb|php|sh|json|yaml|yml|toml|cfg|ini|"
+              "txt|md|rst|html|css|xml|csv|log|sql|lock|patch|diff")
+PATH = re.compile(rf"(?<![\w.:/-])(?:\.{{0,2}}/)?(?:[\w.-]+/)+[\w.-]*\w|(?<![\w./-])[\w-]+\.(?:{EXTENSIONS})\b")
+QUOTED = re.compile(r"'([^'\n]{3,200})'|\"((?:\\.|[^\"\\\n]){3,200})\"")
+IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
+NUMBER = re.compile(r"(?<![\w.])\d{3,}(?!\d)")
+WORD = re.compile(r"\w+")
+COMMON = frozenset(w.lower() for w in keyword.kwlist + dir(builtins)) | frozenset("""
+    about above after again also always another because been before being below between both cannot change
+    check could does doing done down each else even every example file files first found from have here into
+    just last like line lines look make more most much must need next none only other output over same should
+    since some still such than that their them then there these they thing think this those through true false
+    under until very want what when where which while will with without would your
+    bash echo grep head tail find xargs sort uniq sed awk python python3 pip pytest cat diff git patch mkdir
+    touch chmod tee printf test tests testbed returncode command stdout stderr error errors warning exit null
+    self args kwargs value values name names path paths text data result results item items
+    """.split())
+COMMON_FILES = frozenset({"__init__.py", "setup.py", "setup.cfg", "readme.md", "readme.rst", "conftest.py",
+                          "tests.py", "test.py", "pyproject.toml", "reproduce.py"})
+
+
+@dataclass(frozen=True)
+class References:
+    """What an action names: whole words (identifiers, numbers) and substrings (path tails, quoted literals)."""
+
+    words: frozenset[str]
+    strings: frozenset[str]
+
+    def found_in(self, text: str, words: frozenset[str]) -> bool:
+        """Whether a block (its full ``text`` and its `block_words`) shares any of these references."""
+        return bool(self.words & words) or any(s in text for s in self.strings)
+
+
+def block_words(text: str) -> frozenset[str]:
+    """The words (runs of letters, digits and ``_``) of a block's text, for whole-word matching."""
+    return frozenset(WORD.findall(text))
+
+
+def argument_strings(arguments: str) -> list[str]:
+    """The string values of a tool call's JSON arguments (nested too), or the raw arguments when not JSON."""
+    try:
+        stack = [json.loads(arguments)]
+    except (ValueError, TypeError):
+        return [arguments]
+    out: list[str] = []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return out
+
+
+def references(text: str) -> References:
+    """The reference tokens of an action's argument text.
+
+    Paths (``a/b/c.py``, ``./x/y``, ``name.ext`` with a known extension) count by their last two
+    components, so absolute and relative spellings match; a bare file name counts unless it is a
+    common one (``__init__.py``). Quoted literals of 3-200 characters count as substrings.
+    Identifiers of >= 4 characters that are not keywords, builtins, shell commands or common words,
+    and numbers of >= 3 digits, count as whole words; they are read from the text outside paths.
+    """
+    strings = {match.group(1) or match.group(2) for match in QUOTED.finditer(text)}
+    for match in PATH.finditer(text):
+        parts = [p for p in match.group(0).split("/") if p not in ("", ".", "..")]
+        tail = "/".join(parts[-2:])
+        if len(parts) > 1 or tail.lower() not in COMMON_FILES:
+            strings.add(tail)
+    rest = PATH.sub(" ", text)
+    words = {w for w in IDENTIFIER.findall(rest) if w.lower() not in COMMON} | set(NUMBER.findall(rest))
+    return References(frozenset(words), frozenset(strings))
+
+
+def action_references(action: Block) -> References:
+    """The reference tokens of every argument string of an action block's tool calls."""
+    return references("\n".join(s for call in action.actions for s in argument_strings(call.arguments)))
+
+
+def referenced_blocks(refs: References, texts: Sequence[str], words: Sequence[frozenset[str]]) -> list[int]:
+    """Indices of the blocks (full ``texts`` and their `block_words`) that share a reference with the action."""
+    return [i for i, (text, w) in enumerate(zip(texts, words)) if refs.found_in(text, w)]

@@ -1,0 +1,85 @@
+"""torch backend: the reference path on any device, every session advancing together.
+
+The batch is padded to ``(S, n_max, d)`` and masked. The basis Q is explicit in d-space:
+each new direction is the pivot's component orthogonal to Q (Gram-Schmidt with one
+reorthogonalisation pass), then ``r -= (X q)**2``. fp16/bf16 inputs compute in float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gemkernels.select.ragged import RaggedBatch
+from gemkernels.select.backends import PackedSelection
+
+LIBRARY = "torch"
+
+
+def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor, tau: np.ndarray,
+                  capacity: np.ndarray, eps: float) -> PackedSelection:
+    """All sessions in lock-step: one batched matmul per step over the padded batch."""
+    device = values.device
+    dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
+    sessions, width = batch.num_sessions, int(capacity.max())
+    lengths = torch.as_tensor(batch.lengths, device=device)
+    n_max = int(batch.lengths.max())
+
+    session_of_row = torch.repeat_interleave(torch.arange(sessions, device=device), lengths)
+    local_row = torch.arange(values.shape[0], device=device) - torch.tensor(batch.offsets[:-1], device=device)[
+        session_of_row]  # torch.tensor: a copy of the batch's read-only arrays
+    x = values.to(dtype) * sq_norms.to(dtype).rsqrt().unsqueeze(1)
+    padded = torch.zeros(sessions, n_max, x.shape[1], dtype=dtype, device=device)
+    padded[session_of_row, local_row] = x
+
+    def pad_mask(mask: np.ndarray) -> torch.Tensor:
+        out = torch.zeros(sessions, n_max, dtype=torch.bool, device=device)
+        out[session_of_row, local_row] = torch.tensor(mask, device=device)
+        return out
+
+    protected = pad_mask(batch.protected)
+    candidates = pad_mask(batch.eligible) & ~protected
+    residuals = (torch.arange(n_max, device=device) < lengths.unsqueeze(1)).to(dtype)  # 0 on padding
+    basis = torch.zeros(sessions, width, x.shape[1], dtype=dtype, device=device)
+    num_directions = torch.zeros(sessions, dtype=torch.long, device=device)
+    everyone = torch.arange(sessions, device=device)
+
+    def add_direction(pivot: torch.Tensor, adding: torch.Tensor) -> None:
+        """Append pivot's orthogonal component to Q for sessions in ``adding`` and update residuals."""
+        v = padded[everyone, pivot]
+        for _ in range(2):
+            v = v - torch.bmm(torch.bmm(basis, v.unsqueeze(2)).transpose(1, 2), basis).squeeze(1)
+        q = v / torch.linalg.vector_norm(v, dim=1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+        q = torch.where(adding.unsqueeze(1), q, torch.zeros_like(q))
+        basis[everyone, num_directions.clamp(max=width - 1)] += q
+        num_directions.add_(adding.long())
+        proj = torch.bmm(padded, q.unsqueeze(2)).squeeze(2)
+        residuals.sub_(proj * proj).clamp_(min=0)
+
+    indices = torch.full((sessions, width), -1, dtype=torch.long, device=device)
+    num_protected = protected.sum(dim=1)
+    positions = torch.arange(n_max, device=device).expand(sessions, n_max)
+    protected_order = torch.where(protected, positions, n_max).sort(dim=1).values
+    for t in range(int(num_protected.max())):
+        has = t < num_protected
+        pivot = torch.where(has, protected_order[:, t], 0)
+        indices[has, t] = pivot[has]
+        add_direction(pivot, has & (residuals[everyone, pivot] > eps))
+
+    counts = num_protected.clone()
+    tau_t = torch.as_tensor(tau, dtype=dtype, device=device)
+    capacity_t = torch.as_tensor(capacity, device=device)
+    for _ in range(width):
+        coverage = 1 - residuals.sum(dim=1) / lengths
+        scores = torch.where(candidates, residuals, -torch.inf)
+        pivot = scores.argmax(dim=1)
+        active = (counts < capacity_t) & (coverage < tau_t) & (scores[everyone, pivot] > eps)
+        if not bool(active.any()):
+            break
+        indices[everyone[active], counts[active]] = pivot[active]
+        counts.add_(active.long())
+        candidates[everyone[active], pivot[active]] = False
+        add_direction(pivot, active)
+
+    coverage = 1 - residuals.sum(dim=1) / lengths
+    return PackedSelection(indices, counts, coverage, residuals[session_of_row, local_row])
