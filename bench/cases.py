@@ -54,8 +54,8 @@ def torch_sessions(case: Case, seed: int = 0, dtype=None) -> list:
 def ragged_batch(case: Case, device, dtype, seed: int = 0):
     """A packed `RaggedBatch` of equal sessions (torch values) made directly on ``device`` (no host copy of a
     1 GiB X); ``dtype`` is a torch dtype."""
-    from gemkernels.select.arrays import to_torch
     from gemkernels.benchmark.point import make_batch, make_values
+    from gemkernels.select.arrays import to_torch
 
     values = make_values(case.sessions * case.n, case.d, str(dtype).removeprefix("torch."), str(device), seed)
     return make_batch(to_torch(values), case.n)

@@ -4,7 +4,7 @@
 
 A warm session (every block already embedded): the append path (one new block) and the
 reselection path (goal change: evidence rules, selection and guard over every block).
-The synthetic history comes from the tests (Liger-Kernel style: benchmarks import their inputs).
+The synthetic history comes from `gemkernels.testing.histories`, shared with the tests.
 """
 
 from __future__ import annotations
@@ -12,17 +12,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from test_gem import synthetic_history  # noqa: E402
-
-from gemkernels import GEM  # noqa: E402
-from gemkernels.compress.encoders import CachedEncoder, HashEncoder  # noqa: E402
-
-from gemkernels.benchmark.timing import compare, fmt_seconds  # noqa: E402
+from gemkernels import GEM
+from gemkernels.benchmark.timing import compare, fmt_seconds
+from gemkernels.compress.encoders import CachedEncoder, HashEncoder
+from gemkernels.testing.histories import synthetic_history
 
 
 def main() -> None:

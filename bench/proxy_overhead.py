@@ -3,7 +3,7 @@ concurrent sessions (``--concurrency``), with batching on and off.
 
     python -m bench.proxy_overhead [--sessions 50] [--requests 4] [--concurrency 1 50] [--encoder hash]
 
-The fake upstream (tests/fake_upstream.py) and the proxy each run in their own process on
+The fake upstream (gemkernels/testing/fake_upstream.py) and the proxy each run in their own process on
 127.0.0.1; the client (httpx, one process) replays agent sessions: each session sends growing
 prefixes of examples/django-11276.json (the last ``--requests`` cuts, 28 to 32 blocks), its tool
 outputs tagged with the session so no block is shared between sessions (every session encodes its
@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from fake_upstream import FakeUpstream, free_port  # noqa: E402
+from gemkernels.testing.fake_upstream import FakeUpstream, free_port
 
 MESSAGES = json.loads((Path(__file__).resolve().parents[1] / "examples" / "django-11276.json").read_text())["messages"]
 

@@ -32,8 +32,14 @@ import numpy as np
 import gemkernels as gk
 from gemkernels.benchmark.machine import copy_bandwidth, environment, version
 from gemkernels.benchmark.point import run_selection
-from gemkernels.benchmark.timing import Timing, compare, cpu_call, cuda_call, fmt_seconds
 from gemkernels.benchmark.sweep import resolve_device, say
+from gemkernels.benchmark.timing import (
+    Timing,
+    compare,
+    cpu_call,
+    cuda_call,
+    fmt_seconds,
+)
 
 from . import cases
 
@@ -278,12 +284,12 @@ def gram_tiles_one_dtype(rec: Recorder, case: cases.Case, device: str, dtype: st
                          tiles) -> None:
     """`gram_tiles` for one torch dtype name."""
     import torch
+    from gemkernels.kernels.gram import gram_plan, ragged_gram
 
-    from gemkernels.select.api import select_ragged
-    from gemkernels.select.backends.triton_backend import TritonOptions
     from gemkernels.benchmark.machine import matmul_rate
     from gemkernels.benchmark.point import triton_options
-    from gemkernels.kernels.gram import gram_plan, ragged_gram
+    from gemkernels.select.api import select_ragged
+    from gemkernels.select.backends.triton_backend import TritonOptions
 
     rate = matmul_rate(device, dtype, 8192 if device == "cuda" else 512, max(3, repeats // 4))
     batch = cases.ragged_batch(case, device, getattr(torch, dtype))

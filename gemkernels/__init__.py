@@ -6,11 +6,22 @@
     out = gk.GEM("paper").compress(messages, session_id="agent-1")  # a chat request, compressed
 """
 
-from gemkernels.select.api import DEFAULT_EPS, DEFAULT_K, DEFAULT_TAU, select, select_batch, select_ragged
-from gemkernels.select.backends import BACKENDS, BackendUnavailableError, available_backends
 from gemkernels.compress.config import PRESETS, GEMConfig
 from gemkernels.compress.evidence import EvidenceConfig
 from gemkernels.compress.gem import GEM, Compressed, CompressionStats
+from gemkernels.select.api import (
+    DEFAULT_EPS,
+    DEFAULT_K,
+    DEFAULT_TAU,
+    select,
+    select_batch,
+    select_ragged,
+)
+from gemkernels.select.backends import (
+    BACKENDS,
+    BackendUnavailableError,
+    available_backends,
+)
 from gemkernels.select.ragged import RaggedBatch
 from gemkernels.select.result import RaggedSelection, Selection
 

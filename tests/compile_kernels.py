@@ -13,13 +13,20 @@ import re
 import sys
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
 from gemkernels.kernels.gram import TILE_CANDIDATES, gram_kernel
 from gemkernels.kernels.greedy_fused import greedy_fused_kernel
-from gemkernels.kernels.greedy_resident import SOURCES, greedy_resident_kernel, resident_blocks, resident_fits
-from gemkernels.kernels.greedy_stepwise import pivot_direction_kernel, residual_update_kernel
+from gemkernels.kernels.greedy_resident import (
+    SOURCES,
+    greedy_resident_kernel,
+    resident_blocks,
+    resident_fits,
+)
+from gemkernels.kernels.greedy_stepwise import (
+    pivot_direction_kernel,
+    residual_update_kernel,
+)
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 INTS = {"i32": ("d", "stride_x", "total_rows", "width", "n"), "fp32": ("eps",)}
 POINTER_TYPES = {

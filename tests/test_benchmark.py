@@ -16,10 +16,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-
-from gemkernels.benchmark import machine as bench_machine, point as bench_point, report as bench_report, sweep as benchmark
-from gemkernels.benchmark.point import Point, Settings
 from helpers import ROOT
+
+from gemkernels.benchmark import machine as bench_machine
+from gemkernels.benchmark import point as bench_point
+from gemkernels.benchmark import report as bench_report
+from gemkernels.benchmark import sweep as benchmark
+from gemkernels.benchmark.point import Point, Settings
 
 RECORD_KEYS = {"kind", "status", "note", "config", "timing", "checks", "metrics", "ceilings", "env"}
 CONFIG_KEYS = {"mode", "dtype", "sessions", "n", "d", "b", "tau", "k", "backend", "library_backend", "path",
@@ -253,12 +256,12 @@ def test_inputs_are_one_seeded_draw_in_every_dtype():
 
 
 def test_gem_subcommand_hook(tmp_path):
-    """What gemkernels/cli.py wires: ``add_parser`` on its subparsers, then ``run`` on the parsed args."""
-    parser = argparse.ArgumentParser(prog="gem")
-    benchmark.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", *FAST, "-n", "8", "-d", "16", "-S", "1", "--dtype", "fp32", "--mode", "fixed",
+    """What the ``gem`` parser wires: ``gem bench`` parses into the sweep's options and runs it through ``func``."""
+    from gemkernels.cli import build_parser
+
+    args = build_parser().parse_args(["bench", *FAST, "-n", "8", "-d", "16", "-S", "1", "--dtype", "fp32", "--mode", "fixed",
                               "--backend", "numpy", "--no-plots", "--out", str(tmp_path)])
-    assert args.command == "bench" and benchmark.run(args) == 0
+    assert args.command == "bench" and args.func(args) == 0
     assert len(points(json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines())) == 1
     with pytest.raises(SystemExit, match="warmup >= 2"):
         benchmark.main([*FAST, "--warmup", "1", "--out", str(tmp_path)])

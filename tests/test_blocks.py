@@ -4,11 +4,10 @@ import copy
 import json
 
 import pytest
+from helpers import EXAMPLE
 
 from gemkernels.compress.blocks import BlockStructureError, parse_history
 from gemkernels.compress.representation import MAX_CHARS, block_text, truncate_middle
-from helpers import EXAMPLE
-
 
 
 def call(call_id, name="bash", args='{"command": "ls"}'):

@@ -4,8 +4,10 @@ import json
 from dataclasses import replace
 
 import pytest
+from helpers import TRAJECTORIES
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from gemkernels.testing.histories import synthetic_history
 
 from gemkernels import GEM, GEMConfig, select
 from gemkernels.compress.blocks import parse_history
@@ -14,9 +16,6 @@ from gemkernels.compress.encoders import CachedEncoder, HashEncoder
 from gemkernels.compress.evidence import EvidenceConfig
 from gemkernels.compress.gem import could_repay, renewal_gap, repay_reason
 from gemkernels.evaluate.online_policies import AmortizedForgetting
-from helpers import TRAJECTORIES
-
-from test_gem import synthetic_history
 
 
 def steps(messages):

@@ -2,9 +2,10 @@
 
 import json
 
-from gemkernels.compress.blocks import parse_history
-from gemkernels.cli import main
 from helpers import EXAMPLE, ROOT
+
+from gemkernels.cli import main
+from gemkernels.compress.blocks import parse_history
 
 FIXTURES = ROOT / "tests" / "fixtures"
 

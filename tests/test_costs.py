@@ -2,7 +2,8 @@
 
 import pytest
 
-from gemkernels.compress.tokens import CallCost, Prices, TokenCache, Totals, call_cost, common_prefix, serialise
+from gemkernels.compress.tokens import Prices, TokenCache, serialise
+from gemkernels.evaluate.costs import CallCost, Totals, call_cost, common_prefix
 
 
 def test_three_calls_by_hand():

@@ -8,9 +8,9 @@ import threading
 
 import numpy as np
 import pytest
+from test_select import backend_marks, check_selection, make_x, to_np
 
 import gemkernels as gk
-from test_select import backend_marks, check_selection, make_x, to_np
 
 pytestmark = backend_marks("numba")
 
@@ -139,8 +139,9 @@ def test_the_callers_masks_are_left_alone():
 
 def test_warm_up_runs_both_kernels_on_float32_rows(monkeypatch):
     """The server's warm-up must reach the one-session kernel and the batch kernel with float32 rows."""
-    from gemkernels.select.backends import numba_backend
     from gemkernels.kernels import greedy_cpu
+
+    from gemkernels.select.backends import numba_backend
 
     seen = []
     for name in ("select_session", "select_sessions"):

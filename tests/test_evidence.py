@@ -11,15 +11,26 @@ import re
 
 import numpy as np
 import pytest
+from helpers import TRAJECTORIES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemkernels.compress.blocks import Action, Block, parse_history
 from gemkernels.compress.evidence import (
-    RULES, BlockFeatures, EvidenceConfig, block_features, error_blocks, goal_blocks, initial_blocks, protect,
-    recent_blocks, source_blocks, state_blocks,
+    RULES,
+    BlockFeatures,
+    EvidenceConfig,
+    block_features,
+    protect,
 )
-from helpers import TRAJECTORIES
+from gemkernels.compress.evidence.rules import (
+    error_blocks,
+    goal_blocks,
+    initial_blocks,
+    recent_blocks,
+    source_blocks,
+    state_blocks,
+)
 
 MINI_SWE_AGENT = TRAJECTORIES / "mini-swe-agent"
 

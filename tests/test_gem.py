@@ -5,31 +5,12 @@ import json
 
 import numpy as np
 import pytest
+from helpers import EXAMPLE
 
 from gemkernels import GEM, GEMConfig
 from gemkernels.compress.blocks import parse_history
 from gemkernels.compress.encoders import HashEncoder
-from helpers import EXAMPLE
-
-TOPICS = ["models.py migration", "views.py template render", "urls.py routing", "tests failing assertion",
-          "settings database config", "forms.py validation", "admin.py registration", "docs build sphinx"]
-
-
-def synthetic_history(num_blocks: int, seed: int = 0) -> list[dict]:
-    rng = np.random.default_rng(seed)
-    messages = [{"role": "system", "content": "You are a coding agent."},
-                {"role": "user", "content": "Fix the failing migration test in models.py"}]
-    for b in range(num_blocks):
-        topic = TOPICS[int(rng.integers(len(TOPICS)))]
-        words = " ".join(f"w{int(v)}" for v in rng.integers(0, 400, size=int(rng.integers(5, 300))))
-        call_id = f"call_{b}"
-        messages.append({"role": "assistant", "content": f"Inspect {topic} step {b}",
-                         "tool_calls": [{"id": call_id, "type": "function",
-                                         "function": {"name": "bash",
-                                                      "arguments": json.dumps({"command": f"grep -n {topic}"})}}]})
-        messages.append({"role": "tool", "tool_call_id": call_id, "content": f"{topic}\n{words}"})
-    return messages
-
+from gemkernels.testing.histories import synthetic_history
 
 def make_gem(config="paper", **kw) -> GEM:
     return GEM(config, encoder=HashEncoder(64), token_counter=None, **kw)
@@ -241,5 +222,5 @@ def test_token_counts_of_a_repeated_prefix_and_of_blocks_are_made_once():
     for _ in range(3):
         gem.compress([dict(m) for m in messages], session_id="t")
     assert len(counted) == 2 + 20 * 2  # system and task once; each block's two messages once (block cache)
-    info = gem.count_other_tokens.cache_info()
-    assert info.misses == 2 and info.hits == 2 * 2  # the messages outside blocks: counted on the first request
+    others = gem.count_other_tokens
+    assert others.misses == 2 and others.hits == 2 * 2  # the messages outside blocks: counted on the first request

@@ -9,12 +9,12 @@ appends. Every step is checked; the module skips when the data folder is absent.
 import json
 
 import pytest
+from helpers import TRAJECTORIES
 
 from gemkernels import GEM
 from gemkernels.compress.blocks import parse_history
 from gemkernels.compress.encoders import CachedEncoder, HashEncoder
 from gemkernels.evaluate.loaders import checkpoints, load_runs
-from helpers import TRAJECTORIES
 
 DATA = TRAJECTORIES
 if not DATA.is_dir():

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import KernelSpy
 from hypothesis import given
 from hypothesis import strategies as st
-
-from helpers import KernelSpy
 from test_select import backend_marks
 
 pytestmark = backend_marks("triton")
@@ -34,8 +33,9 @@ def test_gram_plan_lists_each_upper_tile_once():
 def test_ragged_gram_matches_float64_and_is_symmetric(dtype, block_k):
     """Every entry of every session's G_s = X_hat X_hat^T, with tiles smaller than the sessions and d (24: the
     unmasked K loop with BLOCK_K 8, the masked one with 16)."""
-    from gemkernels.select.backends.triton_backend import kernel_device
     from gemkernels.kernels.gram import ragged_gram
+
+    from gemkernels.select.backends.triton_backend import kernel_device
 
     rng = np.random.default_rng(3)
     lengths = np.array([1, 17, 40, 33])
@@ -58,7 +58,11 @@ def test_ragged_gram_matches_float64_and_is_symmetric(dtype, block_k):
 
 
 def test_resident_tiles_cover_the_session_and_keep_registers_in_budget():
-    from gemkernels.kernels.greedy_resident import SOURCES, resident_blocks, resident_fits
+    from gemkernels.kernels.greedy_resident import (
+        SOURCES,
+        resident_blocks,
+        resident_fits,
+    )
 
     for n_max in (1, 16, 17, 255, 256, 257, 1000, 1024):
         for width in (1, 15, 16, 33, 64, 128, 1000):
@@ -89,9 +93,10 @@ def test_resident_limits(n_max, width, source, fits):
 @pytest.mark.parametrize("d", [24, 32, 40])
 def test_gram_on_chip_matches_numpy(d, monkeypatch):
     """Sessions of up to 64 rows compute G on chip, with the unmasked K loop (d = 32) and the masked one."""
+    from gemkernels.kernels import greedy_resident
+
     import gemkernels as gk
     from gemkernels.select.backends import triton_backend
-    from gemkernels.kernels import greedy_resident
 
     launched = []
     monkeypatch.setattr(greedy_resident, "greedy_resident_kernel",
@@ -111,8 +116,9 @@ def test_gram_on_chip_matches_numpy(d, monkeypatch):
 
 
 def test_resident_greedy_refuses_sessions_it_cannot_hold():
-    from gemkernels.select.backends.triton_backend import kernel_device
     from gemkernels.kernels.greedy_resident import greedy_resident
+
+    from gemkernels.select.backends.triton_backend import kernel_device
 
     x = torch.zeros(300, 8, device=kernel_device())
     with pytest.raises(ValueError, match="300 rows taking 16 steps"):
@@ -124,8 +130,9 @@ def test_resident_greedy_refuses_sessions_it_cannot_hold():
 def test_warm_up_launches_one_variant_per_row_bucket(monkeypatch):
     """Sessions of 16, 32 and 64 rows in 24 dimensions: gram (G computed on chip) while n <= d, then passes over
     X; the register-resident greedy each time, with the row tile of that bucket and a step tile for k."""
-    from gemkernels.select.backends import triton_backend
     from gemkernels.kernels import greedy_resident
+
+    from gemkernels.select.backends import triton_backend
 
     launched = []
     monkeypatch.setattr(greedy_resident, "greedy_resident_kernel",
@@ -155,9 +162,10 @@ def test_gram_groups_cover_the_batch_within_budget(lengths, budget):
 def test_gram_path_over_budget_runs_in_groups_with_the_same_answers(monkeypatch):
     """A batch whose Gram matrices pass GRAM_MAX_BYTES: several launches, each session's answer the one it gets
     in a single launch (bit for bit when each group runs the same kernels)."""
+    from gemkernels.kernels import gram
+
     import gemkernels as gk
     from gemkernels.select.backends import triton_backend
-    from gemkernels.kernels import gram
 
     rng = np.random.default_rng(5)
     lengths = (17, 3, 70, 1, 12)

@@ -10,10 +10,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import TRAJECTORIES, call_ids
 
 from gemkernels.compress.blocks import BlockStructureError, parse_history
-from gemkernels.evaluate.loaders import BASH_BLOCK, Run, checkpoints, load_run, load_runs, read_runs
-from helpers import TRAJECTORIES, call_ids
+from gemkernels.evaluate.loaders import (
+    BASH_BLOCK,
+    Run,
+    checkpoints,
+    load_run,
+    load_runs,
+    read_runs,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL = TRAJECTORIES

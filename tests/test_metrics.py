@@ -6,9 +6,21 @@ import numpy as np
 import pytest
 
 from gemkernels.compress.blocks import Action, Block
-from gemkernels.evaluate.retention import (METRICS, Targets, argument_strings, block_words, captured_energy, centroid_similarity,
-                                nearest, projected, referenced_blocks, references, retained_fraction, span_weights)
 from gemkernels.compress.representation import block_text
+from gemkernels.evaluate.retention import (
+    METRICS,
+    Targets,
+    argument_strings,
+    block_words,
+    captured_energy,
+    centroid_similarity,
+    nearest,
+    projected,
+    referenced_blocks,
+    references,
+    retained_fraction,
+    span_weights,
+)
 
 E = np.eye(4)
 

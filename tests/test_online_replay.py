@@ -7,16 +7,35 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import call_ids
 
 from gemkernels import GEM
+from gemkernels.cli.online import add_parser, run
 from gemkernels.compress.blocks import parse_history
 from gemkernels.compress.config import resolve_config, with_overrides
-from gemkernels.compress.tokens import CallCost, Prices, TokenCache, Totals, call_cost
 from gemkernels.compress.encoders import CachedEncoder, HashEncoder
+from gemkernels.compress.tokens import Prices, TokenCache
+from gemkernels.evaluate.costs import CallCost, Totals, call_cost
 from gemkernels.evaluate.loaders import Run, checkpoints
-from gemkernels.evaluate.online_policies import POLICIES, GEMPolicy, Masking, PolicyOptions, Window, policy_builder
-from gemkernels.evaluate.online_replay import RewriteEvidence, add_parser, evidence_markdown, evidence_means, markdown, pooled, relative, replay_run, replay_runs, report, run
-from helpers import call_ids
+from gemkernels.evaluate.online_policies import (
+    POLICIES,
+    GEMPolicy,
+    Masking,
+    PolicyOptions,
+    Window,
+    policy_builder,
+)
+from gemkernels.evaluate.online_replay import (
+    RewriteEvidence,
+    evidence_markdown,
+    evidence_means,
+    markdown,
+    pooled,
+    relative,
+    replay_run,
+    replay_runs,
+    report,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 OPTIONS = PolicyOptions(window=1, mask_after=1, encoder="hash")

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import CountingEncoder
 
+from gemkernels.cli.replay import add_parser
 from gemkernels.compress.blocks import parse_history
 from gemkernels.compress.encoders import HashEncoder
-from gemkernels.evaluate.loaders import load_runs
 from gemkernels.compress.encoders.cache import EmbeddingCache
-from gemkernels.evaluate.replay import Plan, action_text, add_parser, prepare, replay
 from gemkernels.compress.representation import block_text
-from helpers import CountingEncoder
+from gemkernels.evaluate.loaders import load_runs
+from gemkernels.evaluate.replay import Plan, action_text, prepare, replay
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -20,15 +20,21 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from helpers import KernelSpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from reference import (
+    STOP_CAPACITY,
+    STOP_COVERAGE,
+    STOP_EXHAUSTED,
+    expected_stop,
+    reference_select,
+    replay,
+)
 
 import gemkernels as gk
 from gemkernels.select.backends import auto_backend, get_backend
-from helpers import KernelSpy
-from reference import (STOP_CAPACITY, STOP_COVERAGE, STOP_EXHAUSTED, expected_stop, reference_select,
-                       replay)
 
 try:
     import torch
@@ -339,8 +345,9 @@ def test_triton_paths_match_reference(path, resident, lengths, greedy, monkeypat
     kernel behind them (``greedy``: the kernel and the resident greedy's source of Gram rows)."""
     for mark in backend_marks("triton"):
         pytest.skip(mark.kwargs["reason"])
-    from gemkernels.select.backends import triton_backend
     from gemkernels.kernels import greedy_fused, greedy_resident
+
+    from gemkernels.select.backends import triton_backend
 
     assert path in triton_backend.PATHS
     monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(

@@ -5,8 +5,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemkernels.compress.evidence import BlockFeatures, EvidenceConfig
-from gemkernels.evaluate.selectors import (SELECTORS, View, cosine_top_k, natural_budget, novelty_top_k, protected, recent_k,
-                                  residual_completion)
+from gemkernels.evaluate.selectors import (
+    SELECTORS,
+    View,
+    cosine_top_k,
+    natural_budget,
+    novelty_top_k,
+    protected,
+    recent_k,
+    residual_completion,
+)
 
 E = np.eye(6, dtype=np.float32)
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from gemkernels.select.api import select_ragged
-from gemkernels.select.arrays import NUMPY, TORCH, convert_like, to_numpy
 from gemkernels.benchmark.machine import Ceilings, free_bytes, l2_bytes
 from gemkernels.benchmark.timing import Timing, compare, rotating
+from gemkernels.select.api import select_ragged
+from gemkernels.select.arrays import NUMPY, TORCH, convert_like, to_numpy
 from gemkernels.select.ragged import RaggedBatch
 from gemkernels.select.result import RaggedSelection
 
@@ -172,8 +172,8 @@ def memory_need(point: Point, contenders: list[str], copies: int, device: str) -
     x32 = point.sessions * point.n * point.d * 4
     gram = 4 * point.sessions * point.n ** 2
     if any(c.startswith("triton-gram") for c in contenders):
-        from gemkernels.select.backends.triton_backend import GRAM_MAX_BYTES
         from gemkernels.kernels.greedy_resident import resident_fits
+        from gemkernels.select.backends.triton_backend import GRAM_MAX_BYTES
 
         gram = min(gram, GRAM_MAX_BYTES + 4 * point.n ** 2)
         if "triton-gram-global" not in contenders and resident_fits(point.n, min(point.b, point.n), "chip"):

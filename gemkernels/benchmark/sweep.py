@@ -22,12 +22,21 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gemkernels.select.backends import unavailable_reason
 from gemkernels.benchmark.machine import environment, measure_ceilings
-from gemkernels.benchmark.point import (CONTENDERS, DTYPES, MODES, NUMPY_CONTENDERS, VARIANTS, Point, Settings, measure_point,
-                          split_contender)
+from gemkernels.benchmark.point import (
+    CONTENDERS,
+    DTYPES,
+    MODES,
+    NUMPY_CONTENDERS,
+    VARIANTS,
+    Point,
+    Settings,
+    measure_point,
+    split_contender,
+)
 from gemkernels.benchmark.report import write_report
 from gemkernels.benchmark.timing import cpu_call, cuda_call, fmt_seconds
+from gemkernels.select.backends import unavailable_reason
 
 AXES = ("mode", "dtype", "sessions", "n", "d", "backend")
 FULL_GRID: dict[str, tuple] = {"mode": tuple(MODES), "dtype": tuple(DTYPES), "sessions": (1, 64, 1024),

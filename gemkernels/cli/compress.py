@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
 from gemkernels.compress.encoders import ENCODER_HELP
+
 if TYPE_CHECKING:
     from gemkernels.compress.gem import CompressionStats
 

@@ -13,8 +13,12 @@ from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.tokens import Prices
 from gemkernels.evaluate.online_policies import POLICIES, PolicyOptions
-
-from gemkernels.evaluate.online_replay import BASELINE, DEFAULT_POLICIES, EVIDENCE_POLICIES, LONG_RUNS
+from gemkernels.evaluate.online_replay import (
+    BASELINE,
+    DEFAULT_POLICIES,
+    EVIDENCE_POLICIES,
+    LONG_RUNS,
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -61,8 +65,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from gemkernels.compress.tokens import o200k_encode
     from gemkernels.evaluate.loaders import load_runs
-    from gemkernels.evaluate.online_replay import (check_policies, evidence_markdown, markdown, plot, plot_by_length,
-                                                   pooled, pooled_evidence, replay_runs, report, shared_encoder)
+    from gemkernels.evaluate.online_replay import (
+        check_policies,
+        evidence_markdown,
+        markdown,
+        plot,
+        plot_by_length,
+        pooled,
+        pooled_evidence,
+        replay_runs,
+        report,
+        shared_encoder,
+    )
     from gemkernels.evaluate.replay import write_report
 
     names = [BASELINE] + [p for p in dict.fromkeys(args.policies.split(",")) if p and p != BASELINE]

@@ -63,7 +63,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from gemkernels.compress.encoders import make_encoder
     from gemkernels.compress.encoders.cache import EmbeddingCache
-    from gemkernels.evaluate.replay import Plan, load_long_runs, markdown, plot, prepare, replay, summary_json, write_report
+    from gemkernels.evaluate.replay import (
+        Plan,
+        load_long_runs,
+        markdown,
+        plot,
+        prepare,
+        replay,
+        summary_json,
+        write_report,
+    )
 
     runs = load_long_runs(args.paths, args.min_blocks, "replay")[:args.max_runs]
     if not runs:

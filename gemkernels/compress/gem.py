@@ -15,7 +15,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,7 +32,7 @@ from gemkernels.compress.evidence import BlockFeatures, block_features, evidence
 from gemkernels.compress.guard import guarded_removals
 from gemkernels.compress.representation import block_text
 from gemkernels.compress.sessions import SessionState, SessionStore
-from gemkernels.compress.tokens import o200k_encode, serialise
+from gemkernels.compress.tokens import TextCache, o200k_encode, serialise
 from gemkernels.select.api import select
 from gemkernels.select.arrays import to_numpy
 from gemkernels.select.result import Selection
@@ -109,7 +108,7 @@ class GEM:
         self.count_tokens = default_token_counter() if token_counter == "auto" else token_counter
         # blocks carry their token counts in the session's block cache; the messages outside blocks (system
         # prompt, task) come back on every request, so the last 1,024 of those texts are remembered
-        self.count_other_tokens = None if self.count_tokens is None else lru_cache(maxsize=1024)(self.count_tokens)
+        self.count_other_tokens = None if self.count_tokens is None else TextCache(self.count_tokens, max_texts=1024)
         self.select_fn = select_fn
 
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None) -> Compressed:

@@ -1,24 +1,22 @@
-"""Input-token and prompt-cache accounting for forwarded requests (small pure pieces).
+"""Tokens and prices (DESIGN.md §4): one serialisation of a message, one o200k tokenizer, one text cache, and
+a provider's input prices.
 
-A request is a list of messages; each message is serialised as ``json.dumps(message,
-ensure_ascii=False)`` (as `GEM`'s own token counts are) and tokenised with o200k
-(``bpe-openai``, offline). The prompt-cache model: a call's cached tokens are the longest
-common token prefix with the previous request of the same policy, computed over
-per-message token lists (whole identical messages, then the common token prefix of the
-first differing message); everything after it is uncached. The price-weighted total bills
-cached and uncached tokens at a provider's `Prices` (default 0.1 and 1.0 of a plain input token).
+A message is counted as ``json.dumps(message, ensure_ascii=False)`` tokenised with o200k (``bpe-openai``,
+offline). `Prices` bills cached and uncached input tokens relative to a plain one (default 0.1 and 1.0).
 """
 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 Tokens = tuple[int, ...]
 Encode = Callable[[str], Sequence[int]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -54,8 +52,32 @@ def serialise(message: Any) -> str:
     return json.dumps(message, ensure_ascii=False)
 
 
+class TextCache(Generic[T]):
+    """``fn(text)`` computed once per distinct text; at most ``max_texts`` remembered, least recently used out
+    first (None: every text, for a cache that lives as long as one run)."""
+
+    def __init__(self, fn: Callable[[str], T], max_texts: int | None = None):
+        self.fn, self.max_texts = fn, max_texts
+        self._values: OrderedDict[str, T] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def __call__(self, text: str) -> T:
+        try:
+            value = self._values[text]
+        except KeyError:
+            self.misses += 1
+            value = self._values[text] = self.fn(text)
+            if self.max_texts is not None and len(self._values) > self.max_texts:
+                self._values.popitem(last=False)
+            return value
+        self.hits += 1
+        if self.max_texts is not None:
+            self._values.move_to_end(text)
+        return value
+
+
 class TokenCache:
-    """Token ids of texts and messages; each distinct text is tokenised once.
+    """Token ids of texts and messages; each distinct text is tokenised once (a `TextCache`).
 
     Messages are also remembered by identity (a reference is kept, so an id is never reused
     while cached): a message object seen before is neither serialised nor tokenised again, so a
@@ -64,15 +86,8 @@ class TokenCache:
 
     def __init__(self, encode: Encode | None = None):
         self.encode = encode or o200k_encode()
-        self._texts: dict[str, Tokens] = {}
+        self.text: TextCache[Tokens] = TextCache(lambda text: tuple(self.encode(text)))
         self._messages: dict[int, tuple[Any, Tokens]] = {}
-
-    def text(self, text: str) -> Tokens:
-        """Token ids of ``text``."""
-        tokens = self._texts.get(text)
-        if tokens is None:
-            tokens = self._texts[text] = tuple(self.encode(text))
-        return tokens
 
     def message(self, message: Any) -> Tokens:
         """Token ids of one message's serialisation."""
@@ -86,74 +101,3 @@ class TokenCache:
     def request(self, messages: Iterable[Any]) -> list[Tokens]:
         """Per-message token ids of a request."""
         return [self.message(m) for m in messages]
-
-
-def common_prefix(previous: Sequence[Sequence[int]], current: Sequence[Sequence[int]]) -> int:
-    """Tokens shared at the start: whole identical messages, then the common prefix of the first differing pair."""
-    shared = 0
-    for before, now in zip(previous, current):
-        if before is now or before == now:
-            shared += len(now)
-            continue
-        for a, b in zip(before, now):
-            if a != b:
-                break
-            shared += 1
-        break
-    return shared
-
-
-@dataclass(frozen=True)
-class CallCost:
-    """One model call of one policy: input tokens, the cached part of them, embedding tokens it caused.
-
-    ``prefix_broken``: the previous request of the policy is not wholly cached (a rewrite).
-    """
-
-    input: int
-    cached: int
-    embedding: int = 0
-    prefix_broken: bool = False
-
-    @property
-    def uncached(self) -> int:
-        return self.input - self.cached
-
-
-def call_cost(previous: Sequence[Sequence[int]] | None, current: Sequence[Sequence[int]],
-              embedding: int = 0) -> CallCost:
-    """The cost of sending ``current`` right after ``previous`` (None: a first call, nothing cached)."""
-    total = sum(len(m) for m in current)
-    if previous is None:
-        return CallCost(total, 0, embedding)
-    cached = common_prefix(previous, current)
-    return CallCost(total, cached, embedding, prefix_broken=cached < sum(len(m) for m in previous))
-
-
-@dataclass(frozen=True)
-class Totals:
-    """Summed costs of many calls (a run, a policy over runs)."""
-
-    calls: int = 0
-    input: int = 0
-    cached: int = 0
-    embedding: int = 0
-    prefix_breaks: int = 0
-
-    @classmethod
-    def of(cls, costs: Iterable[CallCost]) -> Totals:
-        costs = list(costs)
-        return cls(len(costs), sum(c.input for c in costs), sum(c.cached for c in costs),
-                   sum(c.embedding for c in costs), sum(c.prefix_broken for c in costs))
-
-    def __add__(self, other: Totals) -> Totals:
-        return Totals(self.calls + other.calls, self.input + other.input, self.cached + other.cached,
-                      self.embedding + other.embedding, self.prefix_breaks + other.prefix_breaks)
-
-    @property
-    def uncached(self) -> int:
-        return self.input - self.cached
-
-    def price(self, prices: Prices = Prices()) -> float:
-        """Price-weighted input tokens (embedding tokens are reported apart, not priced)."""
-        return prices.of(self.cached, self.uncached)

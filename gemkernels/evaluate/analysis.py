@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from gemkernels.select.api import select_batch
 from gemkernels.evaluate.retention import METRICS, RANK_RTOL, Targets
+from gemkernels.select.api import select_batch
 
 RHO = 0.90
 STATS = ("effective_rank", "r_rho", "r_rho_over_n")  # columns of `spectral_stats`

@@ -8,20 +8,24 @@ per-run values (spectra) or per-run checkpoint means (replacement deltas).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from gemkernels.evaluate import analysis
-from gemkernels.evaluate.analysis import CONDITIONS, DELTAS, RHO, STATS, CheckpointResult, Tolerance
-from gemkernels.compress.encoders import ENCODER_HELP, make_encoder
-from gemkernels.evaluate.plotting import pyplot
-from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR, EmbeddingCache
-from gemkernels.evaluate.replay import RunJob, column_means, load_long_runs, prepare, save, table, write_report
 from gemkernels.compress.representation import block_text
+from gemkernels.evaluate import analysis
+from gemkernels.evaluate.analysis import (
+    CONDITIONS,
+    DELTAS,
+    RHO,
+    STATS,
+    CheckpointResult,
+    Tolerance,
+)
+from gemkernels.evaluate.plotting import pyplot
+from gemkernels.evaluate.replay import RunJob, column_means, save, table
 
 LABELS = {"real": "Real", "feature_shift": "Feature-shift", "gaussian": "Gaussian",
           "effective_rank": "Effective rank", "r_rho": "r90", "r_rho_over_n": "r90/n",

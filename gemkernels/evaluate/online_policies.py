@@ -25,10 +25,15 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from gemkernels.compress.blocks import OPENAI, History, parse_history, reconstruct
-from gemkernels.compress.config import PRESETS, GEMConfig, resolve_config, with_overrides
-from gemkernels.compress.tokens import Prices
+from gemkernels.compress.config import (
+    PRESETS,
+    GEMConfig,
+    resolve_config,
+    with_overrides,
+)
 from gemkernels.compress.encoders import Encoder
 from gemkernels.compress.gem import GEM
+from gemkernels.compress.tokens import Prices
 from gemkernels.evaluate.loaders import Run
 
 Messages = list[dict[str, Any]]

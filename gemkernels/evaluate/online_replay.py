@@ -23,11 +23,9 @@ better or worse.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -37,15 +35,26 @@ from pathlib import Path
 from typing import Any
 
 from gemkernels.compress.blocks import History, parse_history
-from gemkernels.compress.tokens import CallCost, Encode, Prices, TokenCache, Totals, call_cost, o200k_encode
-from gemkernels.compress.encoders import ENCODER_HELP, Encoder, is_hash_encoder, make_encoder
-from gemkernels.evaluate.loaders import Run, checkpoints, load_runs
-from gemkernels.evaluate.retention import action_references, block_words, nearest, referenced_blocks, retained_fraction
-from gemkernels.evaluate.online_policies import POLICIES, PolicyOptions, policy_builder, policy_label
-from gemkernels.evaluate.plotting import pyplot
+from gemkernels.compress.encoders import Encoder, is_hash_encoder, make_encoder
 from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR, EmbeddingCache
-from gemkernels.evaluate.replay import action_text, save, write_report
 from gemkernels.compress.representation import block_text
+from gemkernels.compress.tokens import Encode, Prices, TokenCache
+from gemkernels.evaluate.costs import CallCost, Totals, call_cost
+from gemkernels.evaluate.loaders import Run, checkpoints
+from gemkernels.evaluate.online_policies import (
+    PolicyOptions,
+    policy_builder,
+    policy_label,
+)
+from gemkernels.evaluate.plotting import pyplot
+from gemkernels.evaluate.replay import action_text, save
+from gemkernels.evaluate.retention import (
+    action_references,
+    block_words,
+    nearest,
+    referenced_blocks,
+    retained_fraction,
+)
 
 BASELINE = "full"
 DEFAULT_POLICIES = ("full", "masking", "window", "amortized", "gem-paper", "gem-balanced", "gem-core",

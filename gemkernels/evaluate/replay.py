@@ -9,14 +9,9 @@ through an on-disk cache; checkpoints are replayed in parallel over runs.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import math
-import os
-import re
 import sys
-import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -29,12 +24,18 @@ from typing import Any
 import numpy as np
 
 from gemkernels.compress.blocks import Block, parse_history
-from gemkernels.compress.encoders import ENCODER_HELP, Encoder, make_encoder
+from gemkernels.compress.encoders.cache import EmbeddingCache
 from gemkernels.compress.evidence import block_features
-from gemkernels.evaluate.loaders import Run, load_runs
-from gemkernels.evaluate.retention import METRICS, Targets, action_references, block_words, referenced_blocks
-from gemkernels.evaluate.plotting import pyplot
 from gemkernels.compress.representation import MAX_CHARS, block_text
+from gemkernels.evaluate.loaders import Run, load_runs
+from gemkernels.evaluate.plotting import pyplot
+from gemkernels.evaluate.retention import (
+    METRICS,
+    Targets,
+    action_references,
+    block_words,
+    referenced_blocks,
+)
 from gemkernels.evaluate.selectors import LABELS, SELECTORS, View, natural_budget
 
 DEFAULT_KS = tuple(range(8, 21))

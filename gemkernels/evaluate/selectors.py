@@ -15,8 +15,14 @@ from functools import partial
 
 import numpy as np
 
+from gemkernels.compress.evidence import (
+    RULES,
+    BlockFeatures,
+    EvidenceConfig,
+    evidence_picks,
+    rank,
+)
 from gemkernels.select.api import select
-from gemkernels.compress.evidence import RULES, BlockFeatures, EvidenceConfig, evidence_picks, rank
 
 
 @dataclass(frozen=True)

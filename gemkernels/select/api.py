@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from gemkernels.select.arrays import NUMPY, TORCH, convert_like, is_cuda, library_of, to_numpy
+from gemkernels.select.arrays import (
+    NUMPY,
+    TORCH,
+    convert_like,
+    is_cuda,
+    library_of,
+    to_numpy,
+)
 from gemkernels.select.backends import auto_backend, get_backend, numpy_backend
 from gemkernels.select.ragged import RaggedBatch, as_float_matrix, index_mask
 from gemkernels.select.result import RaggedSelection, Selection, stop_reason

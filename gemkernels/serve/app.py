@@ -26,13 +26,11 @@ Also ``POST /v1/gem/compress`` (``{"messages", "session_id"?, "goal"?}`` -> ``{"
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
 import json
 import logging
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -41,19 +39,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gemkernels.serve.batching import BatchingEncoder, SelectionBatcher
-from gemkernels.compress.config import OVERRIDE_HELP, PRESETS, GEMConfig, with_overrides
-from gemkernels.compress.encoders import ENCODER_HELP, make_encoder
-from gemkernels.compress.evidence import json_object
+from gemkernels.compress.blocks import json_object
+from gemkernels.compress.config import GEMConfig, with_overrides
+from gemkernels.compress.encoders import make_encoder
 from gemkernels.compress.gem import GEM, PASSTHROUGH, Compressed
 from gemkernels.compress.sessions import SessionStore, request_session
+from gemkernels.serve.batching import BatchingEncoder, SelectionBatcher
 
 logger = logging.getLogger("gemkernels.server")
 

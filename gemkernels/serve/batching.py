@@ -27,8 +27,14 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from gemkernels.select.api import DEFAULT_EPS, DEFAULT_K, DEFAULT_TAU, select, select_batch
 from gemkernels.compress.encoders import Encoder
+from gemkernels.select.api import (
+    DEFAULT_EPS,
+    DEFAULT_K,
+    DEFAULT_TAU,
+    select,
+    select_batch,
+)
 from gemkernels.select.result import Selection
 
 T = TypeVar("T")

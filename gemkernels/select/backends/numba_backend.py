@@ -17,9 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from gemkernels.kernels import greedy_cpu
-from gemkernels.select.ragged import RaggedBatch
 from gemkernels.select.backends import PackedSelection
-from gemkernels.select.backends.numpy_backend import compute_dtype, empty_packed, inverse_norms
+from gemkernels.select.backends.numpy_backend import (
+    compute_dtype,
+    empty_packed,
+    inverse_norms,
+)
+from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "numpy"
 

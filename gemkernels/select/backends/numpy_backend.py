@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-from gemkernels.select.ragged import RaggedBatch
 from gemkernels.select.backends import PackedSelection
+from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "numpy"
 

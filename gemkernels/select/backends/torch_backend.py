@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gemkernels.select.ragged import RaggedBatch
 from gemkernels.select.backends import PackedSelection
+from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "torch"
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gemkernels.select.ragged import RaggedBatch
 from gemkernels.select.backends import PackedSelection
+from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "torch"
 PATHS = ("gram", "fused", "stepwise")
@@ -131,10 +131,10 @@ def select_in_groups(groups: list[tuple[int, int]], batch: RaggedBatch, values: 
 def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor, tau: np.ndarray,
                   capacity: np.ndarray, eps: float) -> PackedSelection:
     """Prepare the packed inputs the kernels share, run the chosen path, return packed results."""
+    from gemkernels.kernels.gram import ragged_gram
     from gemkernels.kernels.greedy_fused import greedy_fused
     from gemkernels.kernels.greedy_resident import greedy_resident, resident_fits
     from gemkernels.kernels.greedy_stepwise import greedy_stepwise
-    from gemkernels.kernels.gram import ragged_gram
 
     options = OPTIONS  # tests and the benchmark swap the module's OPTIONS to force a path or tiles
     path = options.path or choose_path(batch.lengths, batch.dim)
