@@ -287,9 +287,8 @@ def gram_tiles_one_dtype(rec: Recorder, case: cases.Case, device: str, dtype: st
     from gemkernels.kernels.gram import gram_plan, ragged_gram
 
     from gemkernels.benchmark.machine import matmul_rate
-    from gemkernels.benchmark.point import triton_options
     from gemkernels.select.api import select_ragged
-    from gemkernels.select.backends.triton_backend import TritonOptions
+    from gemkernels.select.backends.triton_backend import TritonOptions, using
 
     rate = matmul_rate(device, dtype, 8192 if device == "cuda" else 512, max(3, repeats // 4))
     batch = cases.ragged_batch(case, device, getattr(torch, dtype))
@@ -314,7 +313,7 @@ def gram_tiles_one_dtype(rec: Recorder, case: cases.Case, device: str, dtype: st
             return ragged_gram(x, inv_norm, offsets, lengths, block_m, block_k, warps, stages)
 
         def select(options=options):
-            with triton_options(options):
+            with using(options):
                 return select_ragged(dataclasses.replace(batch), tau=case.tau, k=case.k, backend="triton")
 
         try:

@@ -113,6 +113,6 @@ def test_triton_batch(benchmark, monkeypatch, case, path, dtype):
     pytest.importorskip("triton")
     from gemkernels.select.backends import triton_backend
 
-    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path=path))
     benchmark.extra_info["path"] = path
-    bench_ragged(benchmark, case, dtype, "triton")
+    with triton_backend.using(triton_backend.TritonOptions(path=path)):
+        bench_ragged(benchmark, case, dtype, "triton")

@@ -11,8 +11,11 @@ so ``import reference`` works under any pytest import mode (and from the benchma
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+
+import pytest
 
 try:
     import torch
@@ -27,3 +30,12 @@ if torch is None or not torch.cuda.is_available():
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
+
+
+@pytest.fixture
+def triton_options():
+    """Call with a `TritonOptions` to run the rest of the test's selections with it (left at teardown)."""
+    from gemkernels.select.backends import triton_backend
+
+    with contextlib.ExitStack() as stack:
+        yield lambda options: stack.enter_context(triton_backend.using(options))

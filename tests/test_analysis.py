@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from gemkernels.evaluate import analysis
 from gemkernels.cli import analyze as analyze_cli
+from gemkernels.evaluate import analysis
 from gemkernels.evaluate.analysis import Subspace, Tolerance
 from gemkernels.evaluate.retention import nearest
 

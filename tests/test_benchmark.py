@@ -195,7 +195,7 @@ def test_triton_paths_in_the_interpreter(tmp_path):
         assert ok[name]["metrics"]["speedup_vs_torch"] > 0
     from gemkernels.select.backends import triton_backend
 
-    assert triton_backend.OPTIONS == triton_backend.TritonOptions()  # the forced options were put back
+    assert triton_backend.current_options() == triton_backend.TritonOptions()  # the forced options were put back
 
 
 def test_forced_triton_options_by_contender_name():
@@ -206,8 +206,8 @@ def test_forced_triton_options_by_contender_name():
                            ("fused", triton_backend.TritonOptions(path="fused")),
                            ("gram-global", triton_backend.TritonOptions(path="gram", resident=False))):
         with bench_point.triton_path(path):
-            assert triton_backend.OPTIONS == expected
-        assert triton_backend.OPTIONS == triton_backend.TritonOptions()
+            assert triton_backend.current_options() == expected
+        assert triton_backend.current_options() == triton_backend.TritonOptions()
 
 
 def test_gram_tile_candidates_in_the_interpreter(tmp_path):

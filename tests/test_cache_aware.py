@@ -7,7 +7,6 @@ import pytest
 from helpers import TRAJECTORIES
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from gemkernels.testing.histories import synthetic_history
 
 from gemkernels import GEM, GEMConfig, select
 from gemkernels.compress.blocks import parse_history
@@ -16,6 +15,7 @@ from gemkernels.compress.encoders import CachedEncoder, HashEncoder
 from gemkernels.compress.evidence import EvidenceConfig
 from gemkernels.compress.gem import could_repay, renewal_gap, repay_reason
 from gemkernels.evaluate.online_policies import AmortizedForgetting
+from gemkernels.testing.histories import synthetic_history
 
 
 def steps(messages):

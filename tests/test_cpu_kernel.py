@@ -141,7 +141,7 @@ def test_warm_up_runs_both_kernels_on_float32_rows(monkeypatch):
     """The server's warm-up must reach the one-session kernel and the batch kernel with float32 rows."""
     from gemkernels.kernels import greedy_cpu
 
-    from gemkernels.select.backends import numba_backend
+    from gemkernels.select.api import warm_up
 
     seen = []
     for name in ("select_session", "select_sessions"):
@@ -152,7 +152,7 @@ def test_warm_up_runs_both_kernels_on_float32_rows(monkeypatch):
             return kernel(*args)
 
         monkeypatch.setattr(greedy_cpu, name, spy)
-    numba_backend.warm_up(24)
+    assert warm_up("numba", 24) == [(8, 2)]
     f32 = np.dtype(np.float32)
     assert {("select_session", f32), ("select_sessions", f32)} <= set(seen), seen
 

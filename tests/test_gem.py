@@ -12,6 +12,7 @@ from gemkernels.compress.blocks import parse_history
 from gemkernels.compress.encoders import HashEncoder
 from gemkernels.testing.histories import synthetic_history
 
+
 def make_gem(config="paper", **kw) -> GEM:
     return GEM(config, encoder=HashEncoder(64), token_counter=None, **kw)
 

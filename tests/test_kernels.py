@@ -91,7 +91,7 @@ def test_resident_limits(n_max, width, source, fits):
 
 
 @pytest.mark.parametrize("d", [24, 32, 40])
-def test_gram_on_chip_matches_numpy(d, monkeypatch):
+def test_gram_on_chip_matches_numpy(d, monkeypatch, triton_options):
     """Sessions of up to 64 rows compute G on chip, with the unmasked K loop (d = 32) and the masked one."""
     from gemkernels.kernels import greedy_resident
 
@@ -101,7 +101,7 @@ def test_gram_on_chip_matches_numpy(d, monkeypatch):
     launched = []
     monkeypatch.setattr(greedy_resident, "greedy_resident_kernel",
                         KernelSpy(greedy_resident.greedy_resident_kernel, "greedy_resident", launched))
-    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path="gram"))
+    triton_options(triton_backend.TritonOptions(path="gram"))
     rng = np.random.default_rng(d)
     xs = [rng.standard_normal((n, d)).astype(np.float32) for n in (64, 1, 16, 33)]
     xs[0][40] = 3 * xs[0][7]  # a duplicate direction
@@ -128,21 +128,26 @@ def test_resident_greedy_refuses_sessions_it_cannot_hold():
 
 
 def test_warm_up_launches_one_variant_per_row_bucket(monkeypatch):
-    """Sessions of 16, 32 and 64 rows in 24 dimensions: gram (G computed on chip) while n <= d, then passes over
-    X; the register-resident greedy each time, with the row tile of that bucket and a step tile for k."""
+    """Sessions of 16, 32 and 64 rows in 24 dimensions, alone and in a batch of two: gram (G computed on chip) while
+    n <= d, then passes over X; the register-resident greedy each time, with the row tile of that bucket and a step
+    tile for k. Without a GPU nothing compiles ahead, so nothing runs."""
     from gemkernels.kernels import greedy_resident
 
+    from gemkernels.select.api import warm_up
     from gemkernels.select.backends import triton_backend
 
+    assert warm_up("triton", 24, k=5, max_rows=40) == []  # the interpreter compiles nothing
+    monkeypatch.setattr(triton_backend, "compiles_ahead", lambda: True)
     launched = []
     monkeypatch.setattr(greedy_resident, "greedy_resident_kernel",
                         KernelSpy(greedy_resident.greedy_resident_kernel, "greedy_resident", launched))
-    assert triton_backend.warm_up(24, k=5, max_rows=40) == [(16, "gram"), (32, "fused"), (64, "fused")]
-    assert [(c["BLOCK_N"], c["BLOCK_W"], c["SOURCE"]) for _, c in launched] == [(16, 8, "chip"), (32, 8, "x"),
-                                                                                 (64, 8, "x")]
+    assert warm_up("triton", 24, k=5, max_rows=40) == [(16, 5), (32, 5), (64, 5)]
+    assert [(c["BLOCK_N"], c["BLOCK_W"], c["SOURCE"]) for _, c in launched] == [
+        (16, 8, "chip"), (16, 8, "chip"), (32, 8, "x"), (32, 8, "x"), (64, 8, "x"), (64, 8, "x")]
+    assert [triton_backend.choose_path(np.array([n]), 24) for n in (16, 32, 64)] == ["gram", "fused", "fused"]
     launched.clear()
-    triton_backend.warm_up(24, k=None, max_rows=16)  # k = n: the step tile follows the rows
-    assert [(c["BLOCK_N"], c["BLOCK_W"]) for _, c in launched] == [(16, 16)]
+    assert warm_up("triton", 24, k=None, max_rows=16) == [(16, 16)]  # k = n: the step tile follows the rows
+    assert [(c["BLOCK_N"], c["BLOCK_W"]) for _, c in launched] == [(16, 16)] * 2
 
 
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.integers(1, 8000))
@@ -159,7 +164,7 @@ def test_gram_groups_cover_the_batch_within_budget(lengths, budget):
             assert used + 4 * lengths[b] ** 2 > budget  # greedy: the next session would not have fitted
 
 
-def test_gram_path_over_budget_runs_in_groups_with_the_same_answers(monkeypatch):
+def test_gram_path_over_budget_runs_in_groups_with_the_same_answers(monkeypatch, triton_options):
     """A batch whose Gram matrices pass GRAM_MAX_BYTES: several launches, each session's answer the one it gets
     in a single launch (bit for bit when each group runs the same kernels)."""
     from gemkernels.kernels import gram
@@ -174,7 +179,7 @@ def test_gram_path_over_budget_runs_in_groups_with_the_same_answers(monkeypatch)
     es = [None, None, np.arange(70) % 4 != 1, None, None]
     ks = np.array([6, 2, 9, 1, 3])  # groups of different widths: -1 padding where they are joined
     for resident in (False, True):  # 70 rows: G in memory, read by the global or the resident greedy
-        monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path="gram", resident=resident))
+        triton_options(triton_backend.TritonOptions(path="gram", resident=resident))
         monkeypatch.setattr(triton_backend, "GRAM_MAX_BYTES", 2 << 30)
         whole = gk.select_ragged(gk.RaggedBatch.from_list(xs, ps, es), tau=0.95, k=ks, backend="triton")
         launches = []

@@ -34,7 +34,7 @@ from reference import (
 )
 
 import gemkernels as gk
-from gemkernels.select.backends import auto_backend, get_backend
+from gemkernels.select.backends import Backend, auto_backend, get_backend
 
 try:
     import torch
@@ -340,7 +340,7 @@ TRITON_LENGTHS = {"short": ([1, 40, 3, 17, 64], [1, 60, 3, 17, 64]),
     ("gram", True, "short", ("greedy_resident", "chip")), ("gram", True, "medium", ("greedy_resident", "gram")),
     ("gram", False, "short", ("greedy_fused", None)), ("fused", True, "short", ("greedy_resident", "x")),
     ("fused", True, "medium", ("greedy_fused", None)), ("stepwise", False, "medium", None)])
-def test_triton_paths_match_reference(path, resident, lengths, greedy, monkeypatch):
+def test_triton_paths_match_reference(path, resident, lengths, greedy, monkeypatch, triton_options):
     """Every Triton path, forced, with tiles small enough that the shapes cross tile edges, and every greedy
     kernel behind them (``greedy``: the kernel and the resident greedy's source of Gram rows)."""
     for mark in backend_marks("triton"):
@@ -350,7 +350,7 @@ def test_triton_paths_match_reference(path, resident, lengths, greedy, monkeypat
     from gemkernels.select.backends import triton_backend
 
     assert path in triton_backend.PATHS
-    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(
+    triton_options(triton_backend.TritonOptions(
         path=path, resident=resident, block_n=16, block_d=16, block_w=4, pivot_block_d=16, block_m=16, block_k=16))
     launched = []  # which greedy kernel ran: the options must reach it
     for module, name in ((greedy_fused, "greedy_fused"), (greedy_resident, "greedy_resident")):
@@ -982,8 +982,7 @@ BAD_INPUTS = [
     ("select-ragged-list", lambda: gk.select_ragged([X]), TypeError, r"RaggedBatch"),
     ("unknown-backend", lambda: gk.select(X, backend="jax"), ValueError, r"unknown backend 'jax'"),
     ("unknown-backend-batch", lambda: gk.select_ragged(R, backend="TORCH"), ValueError, r"unknown backend 'TORCH'"),
-    ("cupy-backend", lambda: gk.select(X, backend="cupy"), gk.BackendUnavailableError,
-     r"(?i)cupy.*triton backend"),
+    ("cupy-backend", lambda: gk.select(X, backend="cupy"), ValueError, r"unknown backend 'cupy'.*CuPy arrays run"),
 ]
 
 
@@ -1024,7 +1023,7 @@ def test_expected_backends_are_available(name):
         pytest.skip(mark.kwargs["reason"])
     assert name in gk.available_backends()
     module = get_backend(name)
-    assert callable(module.select_packed) and module.LIBRARY in ("numpy", "torch")
+    assert isinstance(module, Backend) and module.LIBRARY in ("numpy", "torch")
 
 
 # ----------------------------------------------------------------------------- GPU only
@@ -1085,12 +1084,12 @@ def test_numpy_input_on_triton_gives_numpy():
 @pytest.mark.parametrize("path,resident", [("gram", True), ("gram", False), ("fused", True), ("fused", False),
                                            ("stepwise", False)])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_cuda_every_triton_path_and_dtype_at_default_tiles(path, resident, dtype, monkeypatch):
+def test_cuda_every_triton_path_and_dtype_at_default_tiles(path, resident, dtype, monkeypatch, triton_options):
     """Three batches: the longest session 1000 rows (gram keeps its greedy in registers, fused cannot), 200 rows
     (both can) and 64 rows (gram computes G on chip), each with the register-resident greedy allowed and not."""
     from gemkernels.select.backends import triton_backend
 
-    monkeypatch.setattr(triton_backend, "OPTIONS", triton_backend.TritonOptions(path=path, resident=resident))
+    triton_options(triton_backend.TritonOptions(path=path, resident=resident))
     rng = np.random.default_rng(54)
     for ns in ([1, 256, 17, 1000, 129], [1, 200, 17, 64, 129], [1, 64, 17, 33, 40]):
         xs = [cuda_x(rng, n, 1000, dtype) for n in ns]

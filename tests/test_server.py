@@ -20,7 +20,6 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
-from gemkernels.testing.fake_upstream import HANG_S, FakeUpstream, ServerThread  # noqa: E402
 from helpers import EXAMPLE  # noqa: E402
 
 import gemkernels as gk  # noqa: E402
@@ -41,6 +40,7 @@ from gemkernels.serve.batching import (  # noqa: E402
     SelectionBatcher,
 )
 from gemkernels.serve.client_wrap import wrap  # noqa: E402
+from gemkernels.testing.fake_upstream import HANG_S, FakeUpstream, ServerThread  # noqa: E402
 
 MESSAGES = json.loads(EXAMPLE.read_text())["messages"]
 # Issue 6 asks 100 sessions x 20 requests; the default is 20 x 5 so the file runs in ~15 s on 2 cores.
@@ -360,61 +360,31 @@ def test_the_proxy_and_the_client_wrapper_read_the_same_session(body, session):
     assert seen == [session]
 
 
-@pytest.mark.parametrize("preset,overrides,k", [("paper", (), "not run"), ("paper", ("backend=triton",), "cfg.k"),
-                                                ("cache-aware", ("backend=triton",), None)])
-def test_triton_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrides, k):
-    """``backend=triton`` on a GPU: `triton_backend.warm_up` runs once before the app serves, with the encoder's
-    dimension and k (None when the preset selects until tau); a failing warm-up is logged and serving goes on."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("triton")
+@pytest.mark.parametrize("preset,overrides,backend,k", [
+    ("paper", (), "auto", "cfg.k"), ("paper", ("backend=triton",), "triton", "cfg.k"),
+    ("cache-aware", ("backend=triton",), "triton", None), ("paper", ("backend=numba",), "numba", "cfg.k")])
+def test_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrides, backend, k):
+    """The selection backend's `warm_up` runs once before the app serves, with the encoder's dimension and k (None
+    when the preset selects until tau); a failing warm-up is logged and serving goes on."""
     from starlette.testclient import TestClient
 
-    from gemkernels.select.backends import triton_backend
+    from gemkernels.serve import app
 
     calls = []
 
-    def warm_up(dim, k, max_rows):
-        calls.append((dim, k, max_rows))
+    def warm_up(name, dim, k):
+        calls.append((name, dim, k))
         if len(calls) > 1:
             raise RuntimeError("no compiler")
-        return [(max_rows, "fused")]
+        return [(16, k)]
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(triton_backend, "warm_up", warm_up)
+    monkeypatch.setattr(app, "warm_up", warm_up)
     config = ServerConfig(upstream="http://127.0.0.1:9", preset=preset, overrides=overrides, encoder="hash-64")
-    with TestClient(create_app(config)) as client:
+    with caplog.at_level(logging.INFO, logger="gemkernels.server"), TestClient(create_app(config)) as client:
         assert client.get("/healthz").status_code == 200
-    if k == "not run":
-        assert calls == []
-        return
     expected_k = with_overrides(preset, overrides).k if k == "cfg.k" else None
-    assert calls == [(64, expected_k, 2 * triton_backend.GRAM_MAX_ROWS)]
+    assert calls == [(backend, 64, expected_k)]
+    assert f"compiled the {backend} selection kernels for sessions of up to 16 rows" in caplog.text
     with caplog.at_level(logging.ERROR, logger="gemkernels.server"), TestClient(create_app(config)) as client:
         assert client.get("/healthz").status_code == 200
-    assert "could not compile the triton selection kernels" in caplog.text and len(calls) == 2
-
-
-def test_numba_kernels_compile_at_start_up(monkeypatch, caplog):
-    """``backend=numba``: `numba_backend.warm_up` runs once before the app serves, with the encoder's dimension; a
-    failing warm-up is logged and serving goes on."""
-    pytest.importorskip("numba")
-    from starlette.testclient import TestClient
-
-    from gemkernels.select.backends import numba_backend
-
-    calls = []
-
-    def warm_up(dim):
-        calls.append(dim)
-        if len(calls) > 1:
-            raise RuntimeError("no compiler")
-
-    monkeypatch.setattr(numba_backend, "warm_up", warm_up)
-    config = ServerConfig(upstream="http://127.0.0.1:9", preset="paper", overrides=("backend=numba",),
-                          encoder="hash-64")
-    with TestClient(create_app(config)) as client:
-        assert client.get("/healthz").status_code == 200
-    assert calls == [64]
-    with caplog.at_level(logging.ERROR, logger="gemkernels.server"), TestClient(create_app(config)) as client:
-        assert client.get("/healthz").status_code == 200
-    assert "could not compile the numba selection kernels" in caplog.text and len(calls) == 2
+    assert f"could not compile the {backend} selection kernels" in caplog.text and len(calls) == 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -29,7 +29,7 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: fixed: tau = 1.0 and k = b, so random rows take exactly min(b, n, d) steps; tau: tau = 0.9, at most b steps.
 MODES = {"fixed": 1.0, "tau": 0.9}
-#: Contender names: a backend, or a triton path forced through `triton_backend.OPTIONS`.
+#: Contender names: a backend, or a triton path forced through `triton_backend.using`.
 CONTENDERS = ("numpy", "numba", "torch", "triton-gram", "triton-fused", "triton-stepwise")
 #: Contenders that take numpy inputs (numpy has no bfloat16).
 NUMPY_CONTENDERS = ("numpy", "numba")
@@ -107,26 +107,13 @@ def library(contender: str) -> str:
     return NUMPY if contender in NUMPY_CONTENDERS else TORCH
 
 
-@contextlib.contextmanager
-def triton_options(options: Any) -> Iterator[None]:
-    """Swap the triton backend's `TritonOptions` for the duration."""
-    from gemkernels.select.backends import triton_backend
-
-    saved = triton_backend.OPTIONS
-    triton_backend.OPTIONS = options
-    try:
-        yield
-    finally:
-        triton_backend.OPTIONS = saved
-
-
 def triton_path(path: str | None) -> contextlib.AbstractContextManager:
     """Force the triton backend's path (``"gram"``, ``"gram-global"``, ...) for the duration (no-op for None)."""
     if path is None:
         return contextlib.nullcontext()
-    from gemkernels.select.backends.triton_backend import TritonOptions
+    from gemkernels.select.backends.triton_backend import TritonOptions, using
 
-    return triton_options(TritonOptions(path=path.removesuffix(GLOBAL_STATE), resident=not path.endswith(GLOBAL_STATE)))
+    return using(TritonOptions(path=path.removesuffix(GLOBAL_STATE), resident=not path.endswith(GLOBAL_STATE)))
 
 
 def run_selection(batch: RaggedBatch, contender: str, tau: float, k: int) -> RaggedSelection:

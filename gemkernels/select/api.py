@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -14,11 +13,11 @@ from gemkernels.select.arrays import (
     NUMPY,
     TORCH,
     convert_like,
-    is_cuda,
     library_of,
     to_numpy,
 )
-from gemkernels.select.backends import auto_backend, get_backend, numpy_backend
+from gemkernels.select.backends import Backend, auto_backend, get_backend
+from gemkernels.select.backends.numpy_backend import compute_dtype
 from gemkernels.select.ragged import RaggedBatch, as_float_matrix, index_mask
 from gemkernels.select.result import RaggedSelection, Selection, stop_reason
 
@@ -36,19 +35,20 @@ def select(x: Any, protected: Any = None, eligible: Any = None, tau: float = DEF
     n = int(x.shape[0])
     protected_mask = index_mask(protected, n, "protected", default=False)
     eligible_mask = index_mask(eligible, n, "eligible", default=True)
-    if backend in ("auto", "numpy", "numba") and library_of(x) == NUMPY:
-        impl = get_backend("numpy" if backend == "auto" else backend)
-        return select_numpy(impl, x, protected_mask, eligible_mask, check_tau(tau), check_k(k), check_eps(eps))
+    if library_of(x) == NUMPY:
+        impl = get_backend(auto_backend(x) if backend == "auto" else backend)
+        if impl.LIBRARY == NUMPY and hasattr(impl, "select_one"):
+            return select_numpy(impl, x, protected_mask, eligible_mask, check_tau(tau), check_k(k), check_eps(eps))
     batch = RaggedBatch(values=x, offsets=np.array([0, n], dtype=np.int64), protected=protected_mask,
                         eligible=eligible_mask)
     return select_ragged(batch, tau=tau, k=k, eps=eps, backend=backend).sessions()[0]
 
 
-def select_numpy(impl: ModuleType, x: np.ndarray, protected: np.ndarray, eligible: np.ndarray, tau: float, k: int,
+def select_numpy(impl: Backend, x: np.ndarray, protected: np.ndarray, eligible: np.ndarray, tau: float, k: int,
                  eps: float) -> Selection:
     """`select` for one numpy session on a CPU backend (``impl``: numpy or numba) without the batch layout (a
     small call costs about half as much); float16 rows are widened once, for the norms and the selection alike."""
-    x = x.astype(numpy_backend.compute_dtype(x), copy=False)
+    x = x.astype(compute_dtype(x), copy=False)
     num_protected = int(protected.sum())
     capacity = int(session_capacity(k, num_protected, x.shape[0]))
     order, coverage, residuals = impl.select_one(x, row_sq_norms(x), protected, eligible, tau, capacity, eps)
@@ -83,10 +83,9 @@ def select_ragged(batch: RaggedBatch, tau: Any = DEFAULT_TAU, k: Any = DEFAULT_K
     eps = check_eps(eps)
     sq_norms = row_sq_norms(batch.values, batch.offsets)
 
-    name = auto_backend(batch.values) if backend == "auto" else backend
-    impl = get_backend(name)
+    impl = get_backend(auto_backend(batch.values) if backend == "auto" else backend)
     caller_lib, caller_device = library_of(batch.values), getattr(batch.values, "device", None)
-    compute_device = impl.kernel_device() if name == "triton" and not is_cuda(batch.values) else None
+    compute_device = impl.device(batch.values)
     values = convert_like(batch.values, impl.LIBRARY, compute_device)
     sq_norms = convert_like(sq_norms, impl.LIBRARY, compute_device)
 
@@ -102,6 +101,23 @@ def select_ragged(batch: RaggedBatch, tau: Any = DEFAULT_TAU, k: Any = DEFAULT_K
         residuals=convert_like(packed.residuals, caller_lib, out_device),
         offsets=batch.offsets, num_protected=counts_p, capacity=capacity, tau=tau_s,
     )
+
+
+def warm_up(backend: str, dim: int, k: int | None = None, max_rows: int | None = None,
+            seed: int = 0) -> list[tuple[int, int]]:
+    """Compile, before the first request, the kernels a server's selections of ``dim``-dimensional float32 rows
+    will launch on ``backend``: each of the backend's `warm_up_shapes` runs once, alone and in a batch of two.
+
+    Returns the ``(rows, k)`` shapes run (empty for a backend that compiles nothing ahead)."""
+    impl = get_backend(auto_backend(np.empty((1, dim), np.float32)) if backend == "auto" else backend)
+    shapes = impl.warm_up_shapes(dim, k, max_rows)
+    rng = np.random.default_rng(seed)
+    for rows, steps in shapes:
+        x = convert_like(rng.standard_normal((rows, dim)).astype(np.float32), impl.LIBRARY, None)
+        x = convert_like(x, impl.LIBRARY, impl.device(x))
+        select(x, protected=[0], k=steps, tau=1.0, backend=backend)
+        select_batch([x, x[:max(1, rows // 2)]], protected=[[0], []], k=steps, tau=1.0, backend=backend)
+    return shapes
 
 
 def session_capacity(k: Any, num_protected: Any, n: Any) -> Any:

@@ -18,7 +18,7 @@ Contracts (issue 6):
 - bounded: at most ``max_pending`` compressions queued or running, GEM's session store bounded;
   shutdown (uvicorn's graceful shutdown) drains in-flight requests before the batchers stop;
 - with ``--set backend=triton`` on a GPU, or ``--set backend=numba``, the selection kernels are compiled at
-  start-up, not on the first requests (`triton_backend.warm_up`, `numba_backend.warm_up`).
+  start-up, not on the first requests (`gemkernels.select.api.warm_up`).
 
 Also ``POST /v1/gem/compress`` (``{"messages", "session_id"?, "goal"?}`` -> ``{"messages", "stats"}``,
 400 for a malformed body), ``GET /healthz`` and ``GET /metrics`` (Prometheus text).
@@ -54,10 +54,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gemkernels.compress.blocks import json_object
-from gemkernels.compress.config import GEMConfig, with_overrides
+from gemkernels.compress.config import with_overrides
 from gemkernels.compress.encoders import make_encoder
 from gemkernels.compress.gem import GEM, PASSTHROUGH, Compressed
 from gemkernels.compress.sessions import SessionStore, request_session
+from gemkernels.select.api import warm_up
 from gemkernels.serve.batching import BatchingEncoder, SelectionBatcher
 
 logger = logging.getLogger("gemkernels.server")
@@ -213,38 +214,18 @@ def upstream_url(base: str, path: str) -> str:
 
 
 def warm_up_kernels(compressor: Compressor) -> None:
-    """Compile the selection kernels before the first request: ``backend=triton`` on a GPU, or ``backend=numba``
-    (logged; a failure is logged and left to the requests, which then go out uncompressed)."""
+    """Compile the selection backend's kernels before the first request (`gemkernels.select.api.warm_up`: triton on
+    a GPU, numba); logged, and a failure is logged and left to the requests, which then go out uncompressed."""
     cfg = compressor.gem.config
     start = time.perf_counter()
     try:
-        compiled = compile_selection_kernels(cfg, compressor.encoder.dim)
+        shapes = warm_up(cfg.backend, compressor.encoder.dim, None if cfg.keep_recent_size else cfg.k)
     except Exception:
         logger.exception("could not compile the %s selection kernels ahead of the first request", cfg.backend)
         return
-    if compiled:
-        logger.info("compiled the %s selection kernels %s in %.1f s", cfg.backend, compiled,
-                    time.perf_counter() - start)
-
-
-def compile_selection_kernels(cfg: GEMConfig, dim: int) -> str | None:
-    """Run the backend's warm-up; what it compiled, or None when the backend compiles nothing ahead."""
-    if cfg.backend == "numba":
-        from gemkernels.select.backends import numba_backend
-
-        numba_backend.warm_up(dim)
-        return f"for float32 rows of {dim} dimensions"
-    if cfg.backend != "triton":
-        return None
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    from gemkernels.select.backends import triton_backend
-
-    runs = triton_backend.warm_up(dim, None if cfg.keep_recent_size else cfg.k,
-                                  max_rows=2 * triton_backend.GRAM_MAX_ROWS)
-    return f"for sessions of up to {runs[-1][0]} rows"
+    if shapes:
+        logger.info("compiled the %s selection kernels for sessions of up to %d rows in %.1f s", cfg.backend,
+                    shapes[-1][0], time.perf_counter() - start)
 
 
 def error_response(status: int, kind: str, message: str) -> JSONResponse:

@@ -1,21 +1,23 @@
-"""Backend registry: which backends can run here, and the ``backend="auto"`` rule.
+"""Selection backends: the `Backend` protocol every backend module follows, the registry of what can run here,
+and the ``backend="auto"`` rule (DESIGN.md §1.1).
 
-Every backend module exposes ``LIBRARY`` (the array library it computes in) and
-``select_packed(batch, values, sq_norms, tau, capacity, eps) -> PackedSelection``: ``batch``
-is validated, ``values`` and ``sq_norms`` (squared row norms) are its rows already in that
-library, ``capacity`` is K_t = max(k, |P|) per session.
+One module per backend (``numpy_backend``, ``numba_backend``, ``torch_backend``, ``triton_backend``); each is
+imported only when first used, after the packages it needs were found, so a core install (numpy alone) lists
+every backend and names the install that would bring the rest.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-from types import ModuleType
-from typing import Any, NamedTuple
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from gemkernels.select.arrays import CUPY, NUMPY, TORCH, is_cuda, library_of
+import numpy as np
 
-BACKENDS = ("numpy", "numba", "torch", "triton", "cupy")
+from gemkernels.select.arrays import CUPY, NUMPY, is_cuda, library_of
+from gemkernels.select.ragged import RaggedBatch
 
 
 class BackendUnavailableError(RuntimeError):
@@ -32,35 +34,56 @@ class PackedSelection(NamedTuple):
     residuals: Any
 
 
+@runtime_checkable
+class Backend(Protocol):
+    """What a backend module provides. It accepts rows in any float dtype of its ``LIBRARY`` (the caller converts
+    them there, on ``device(values)``); ``select_packed`` runs a validated batch whose ``capacity`` is
+    K_t = max(k, |P|) per session and returns packed results in ``LIBRARY``. Optional: ``select_one(x, sq_norms,
+    protected, eligible, tau, capacity, eps) -> (order, coverage, residuals)``, one numpy session without the batch
+    layout, and ``unavailable_reason() -> str | None`` for a condition beyond its packages (a GPU)."""
+
+    LIBRARY: str
+
+    def device(self, values: Any) -> Any:
+        """Where to compute for ``values``: a device of ``LIBRARY``, or None for where they already are."""
+
+    def select_packed(self, batch: RaggedBatch, values: Any, sq_norms: Any, tau: np.ndarray, capacity: np.ndarray,
+                      eps: float) -> PackedSelection:
+        """Every session of ``batch``, from its rows in ``LIBRARY`` and their squared norms."""
+
+    def warm_up_shapes(self, dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
+        """The ``(rows, k)`` selections whose kernels a server should compile before its first request (k None:
+        as many steps as rows; max_rows None: the backend's own limit); empty when nothing compiles ahead."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A registry entry: the module, the packages it needs, and the extra that installs them."""
+
+    module: str
+    needs: tuple[str, ...] = ()
+    extra: str = ""
+
+
+BACKENDS = {
+    "numpy": BackendSpec("numpy_backend"),
+    "numba": BackendSpec("numba_backend", ("numba",), "numba"),
+    "torch": BackendSpec("torch_backend", ("torch",), "torch"),
+    "triton": BackendSpec("triton_backend", ("torch", "triton"), "triton"),
+}
+
+
 def unavailable_reason(name: str) -> str | None:
     """None when backend ``name`` can run here, else a sentence saying what is missing."""
-    if name not in BACKENDS:
-        return f"unknown backend {name!r}; choose one of {', '.join(('auto',) + BACKENDS)}"
-    if name == "numpy":
-        return None
-    if name == "numba":
-        try:
-            importlib.import_module("numba")
-        except ImportError:
-            return "the numba backend needs numba: pip install 'gemkernels[numba]'"
-        return None
-    if name == "cupy":
-        return ("there is no separate CuPy backend: CuPy arrays run zero-copy (DLPack) on the triton "
-                "backend; pass backend='auto' or 'triton'")
-    try:
-        torch = importlib.import_module("torch")
-    except ImportError:
-        return f"the {name} backend needs torch: pip install 'gemkernels[{name}]'"
-    if name == "torch":
-        return None
-    try:
-        importlib.import_module("triton")
-    except ImportError:
-        return "the triton backend needs triton: pip install 'gemkernels[triton]'"
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        return ("the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1, set before import, "
-                "to run its kernels on the CPU in Triton's interpreter)")
-    return None
+    spec = BACKENDS.get(name)
+    if spec is None:
+        return (f"unknown backend {name!r}; choose one of {', '.join(('auto', *BACKENDS))} "
+                "(CuPy arrays run zero-copy on triton)")
+    missing = [package for package in spec.needs if importlib.util.find_spec(package) is None]
+    if missing:
+        return f"the {name} backend needs {' and '.join(missing)}: pip install 'gemkernels[{spec.extra}]'"
+    check: Callable[[], str | None] | None = getattr(_module(spec), "unavailable_reason", None)
+    return check() if check is not None else None
 
 
 def available_backends() -> list[str]:
@@ -69,23 +92,25 @@ def available_backends() -> list[str]:
 
 
 def auto_backend(values: Any) -> str:
-    """``auto``: CUDA tensors and CuPy arrays go to triton (torch if triton is missing), other torch tensors to
-    torch, numpy to numpy."""
+    """``auto``: numpy arrays go to numpy; CUDA tensors and CuPy arrays to triton (torch if triton cannot run);
+    other torch tensors to torch. numba is never automatic (its first call in a fresh environment compiles)."""
     lib = library_of(values)
     if lib == NUMPY:
         return "numpy"
-    if is_cuda(values):
-        if unavailable_reason("triton") is None:
-            return "triton"
-        if lib == CUPY and unavailable_reason("torch") is not None:
-            raise BackendUnavailableError("CuPy input needs torch and triton: pip install 'gemkernels[gpu]'")
-        return "torch"
-    return TORCH
+    if is_cuda(values) and unavailable_reason("triton") is None:
+        return "triton"
+    if lib == CUPY and unavailable_reason("torch") is not None:
+        raise BackendUnavailableError("CuPy input needs torch and triton: pip install 'gemkernels[gpu]'")
+    return "torch"
 
 
-def get_backend(name: str) -> ModuleType:
-    """Import backend ``name`` or raise `BackendUnavailableError` saying what is missing."""
+def get_backend(name: str) -> Backend:
+    """Backend ``name`` imported, or ValueError (unknown) / `BackendUnavailableError` saying what is missing."""
     reason = unavailable_reason(name)
     if reason is not None:
         raise (ValueError if name not in BACKENDS else BackendUnavailableError)(reason)
-    return importlib.import_module(f"{__name__}.{name}_backend")
+    return _module(BACKENDS[name])
+
+
+def _module(spec: BackendSpec) -> Any:
+    return importlib.import_module(f"{__name__}.{spec.module}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -104,11 +105,12 @@ def select_one(x: np.ndarray, sq_norms: np.ndarray, protected: np.ndarray, eligi
     return order[:count], coverage, residuals
 
 
-def warm_up(dim: int) -> None:
-    """Compile (or load from numba's on-disk cache) the one-session and the batch kernel for float32 rows of
-    ``dim`` dimensions, so a server's first requests do not pay for it."""
-    from gemkernels.select.api import select, select_batch
+def device(values: Any) -> None:
+    """Computes where the rows are (host memory)."""
+    return None
 
-    x = np.random.default_rng(0).standard_normal((8, dim)).astype(np.float32)
-    select(x, protected=[0], k=2, backend="numba")
-    select_batch([x, x[:3]], protected=[[0], []], k=2, backend="numba")
+
+def warm_up_shapes(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
+    """One small selection: it compiles (or loads from numba's on-disk cache) the one-session and the batch kernel
+    for float32 rows, whatever their width."""
+    return [(8, 2)]

@@ -7,6 +7,8 @@ reorthogonalisation pass), then ``r -= (X q)**2``. fp16/bf16 inputs compute in f
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -14,6 +16,16 @@ from gemkernels.select.backends import PackedSelection
 from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "torch"
+
+
+def device(values: Any) -> None:
+    """Computes where the rows are."""
+    return None
+
+
+def warm_up_shapes(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
+    """Nothing compiles ahead."""
+    return []
 
 
 def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor, tau: np.ndarray,

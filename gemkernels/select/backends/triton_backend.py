@@ -11,11 +11,17 @@ Inputs of any float dtype are read as stored and accumulated in fp32; float64 is
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from gemkernels.select.arrays import is_cuda
 from gemkernels.select.backends import PackedSelection
 from gemkernels.select.ragged import RaggedBatch
 
@@ -52,12 +58,41 @@ class TritonOptions:
     gram_stages: int = 3
 
 
-OPTIONS = TritonOptions()
+_options: ContextVar[TritonOptions] = ContextVar("gemkernels_triton_options", default=TritonOptions())
+
+
+def current_options() -> TritonOptions:
+    """The options selections in this context run with (`using` sets them)."""
+    return _options.get()
+
+
+@contextmanager
+def using(options: TritonOptions) -> Iterator[TritonOptions]:
+    """Run the selections of this context (thread or task) with ``options``: tests and benchmarks force a path
+    or tiles without touching anyone else's."""
+    token = _options.set(options)
+    try:
+        yield options
+    finally:
+        _options.reset(token)
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot run here: no CUDA device and no TRITON_INTERPRET=1; None when they can."""
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return ("the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1, set before import, to run its kernels "
+            "on the CPU in Triton's interpreter)")
 
 
 def kernel_device() -> torch.device:
     """Where the kernels run: the current CUDA device, or the CPU under TRITON_INTERPRET=1."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def device(values: Any) -> torch.device | None:
+    """CUDA tensors stay where they are; anything else moves to `kernel_device`."""
+    return None if is_cuda(values) else kernel_device()
 
 
 def choose_path(lengths: np.ndarray, d: int) -> str:
@@ -75,27 +110,23 @@ def choose_path(lengths: np.ndarray, d: int) -> str:
     return "fused"
 
 
-def warm_up(dim: int, k: int | None, dtype: torch.dtype = torch.float32, max_rows: int = GRAM_MAX_ROWS,
-            seed: int = 0) -> list[tuple[int, str]]:
-    """Compile, before the first request, the kernels batches of up to ``max_rows`` rows in ``dim`` dimensions
-    will launch: one selection of k steps (None: k = n, as presets that select until tau use) per power-of-two
-    row count, 16 up.
+def compiles_ahead() -> bool:
+    """Whether kernels compile before they run (on a GPU; Triton's CPU interpreter compiles nothing)."""
+    return torch.cuda.is_available()
 
-    Returns (rows, path) per selection run. Triton compiles one variant per tile shape on first use (about
-    a second each on a GPU) and caches it on disk; a server runs this at start-up instead of on its first
-    requests."""
-    from gemkernels.select.api import select
 
-    generator = torch.Generator(device=kernel_device()).manual_seed(seed)
-    done = []
-    rows = 16
-    while rows < 2 * max_rows:
-        x = torch.randn(rows, dim, generator=generator, device=kernel_device()).to(dtype)
-        path = OPTIONS.path or choose_path(np.array([rows]), dim)
-        select(x, k=rows if k is None else k, tau=1.0, backend="triton")
-        done.append((rows, path))
+def warm_up_shapes(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
+    """One selection of k steps (None: as many as rows) per power-of-two row count from 16 up to ``max_rows``
+    (None: twice `GRAM_MAX_ROWS`): Triton compiles one variant per tile shape on first use (about a second each on
+    a GPU) and caches it on disk. Empty when nothing compiles ahead (`compiles_ahead`)."""
+    if not compiles_ahead():
+        return []
+    limit = 2 * GRAM_MAX_ROWS if max_rows is None else max_rows
+    shapes, rows = [], 16
+    while rows < 2 * limit:
+        shapes.append((rows, rows if k is None else k))
         rows *= 2
-    return done
+    return shapes
 
 
 def gram_groups(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
@@ -136,7 +167,7 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     from gemkernels.kernels.greedy_resident import greedy_resident, resident_fits
     from gemkernels.kernels.greedy_stepwise import greedy_stepwise
 
-    options = OPTIONS  # tests and the benchmark swap the module's OPTIONS to force a path or tiles
+    options = current_options()
     path = options.path or choose_path(batch.lengths, batch.dim)
     if path not in PATHS:
         raise ValueError(f"unknown triton path {path!r}; choose one of {PATHS}")
