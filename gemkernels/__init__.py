@@ -6,6 +6,10 @@
     out = gk.GEM("paper").compress(messages, session_id="agent-1")  # a chat request, compressed
 """
 
+import importlib.util
+import sys
+from pathlib import Path
+
 from gemkernels.compress.config import PRESETS, GEMConfig
 from gemkernels.compress.evidence import EvidenceConfig
 from gemkernels.compress.gem import GEM, Compressed, CompressionStats
@@ -26,6 +30,23 @@ from gemkernels.select.ragged import RaggedBatch
 from gemkernels.select.result import RaggedSelection, Selection
 
 __version__ = "0.1.0"
+
+
+def _alias_source_kernels() -> None:
+    """``kernels/`` lives beside this package in a source checkout; an install maps it to ``gemkernels.kernels``
+    (pyproject.toml). Without an install, load it under that name from the checkout (the backends import it
+    when first used, after this ran)."""
+    init = Path(__file__).resolve().parent.parent / "kernels" / "__init__.py"
+    if importlib.util.find_spec(f"{__name__}.kernels") is not None or not init.is_file():
+        return
+    spec = importlib.util.spec_from_file_location(f"{__name__}.kernels", init,
+                                                  submodule_search_locations=[str(init.parent)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+
+
+_alias_source_kernels()
 
 __all__ = [
     "BACKENDS", "DEFAULT_EPS", "DEFAULT_K", "DEFAULT_TAU", "GEM", "PRESETS", "BackendUnavailableError",

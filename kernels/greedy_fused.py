@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import greedy_outputs
 from .pivot import gram_row_chunk, pick_pivot, session_scalars, should_stop
 
 
@@ -88,14 +89,10 @@ def greedy_fused(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor,
     sessions = offsets.numel() - 1
     rows, d = x.shape
     device = x.device
-    residuals = torch.empty(rows, dtype=torch.float32, device=device)
-    coords = torch.empty(max(width, 1) * rows, dtype=torch.float32, device=device)
-    indices = torch.full((sessions, width), -1, dtype=torch.int64, device=device)
-    counts = torch.empty(sessions, dtype=torch.int64, device=device)
-    coverage = torch.empty(sessions, dtype=torch.float32, device=device)
     from_gram = gram is not None
-    if not from_gram:
-        gram, gram_offsets = residuals, torch.zeros(sessions, dtype=torch.int64, device=device)
+    residuals, indices, counts, coverage, gram, gram_offsets = greedy_outputs(sessions, rows, width, device, gram,
+                                                                              gram_offsets)
+    coords = torch.empty(max(width, 1) * rows, dtype=torch.float32, device=device)
     greedy_fused_kernel[(sessions,)](
         x, inv_norm, gram, gram_offsets, offsets, protected_idx, protected_offsets, candidate, tau, capacity,
         residuals, coords, indices, counts, coverage, eps, d, x.stride(0), rows, width,

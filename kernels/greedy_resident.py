@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .gram import input_precision, normalised_tile
+from .launch import greedy_outputs
 from .pivot import gram_row_chunk, session_scalars, should_stop
 
 
@@ -131,12 +132,8 @@ def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
     block_n, block_w, block_d, num_warps = resident_blocks(n_max, width, source)
     if source != "chip":  # chip's BLOCK_D is the K step of tl.dot, which must stay >= 16
         block_d = min(block_d, max_block_d or block_d)
-    residuals = torch.empty(rows, dtype=torch.float32, device=device)
-    indices = torch.full((sessions, width), -1, dtype=torch.int64, device=device)
-    counts = torch.empty(sessions, dtype=torch.int64, device=device)
-    coverage = torch.empty(sessions, dtype=torch.float32, device=device)
-    if gram is None:
-        gram, gram_offsets = residuals, torch.zeros(sessions, dtype=torch.int64, device=device)
+    residuals, indices, counts, coverage, gram, gram_offsets = greedy_outputs(sessions, rows, width, device, gram,
+                                                                              gram_offsets)
     greedy_resident_kernel[(sessions,)](
         x, inv_norm, gram, gram_offsets, offsets, protected_idx, protected_offsets, candidate, tau, capacity,
         residuals, indices, counts, coverage, eps, d, x.stride(0), width,

@@ -56,6 +56,16 @@ class Backend(Protocol):
         as many steps as rows; max_rows None: the backend's own limit); empty when nothing compiles ahead."""
 
 
+def computes_in_place(values: Any) -> None:
+    """`Backend.device` of the backends that compute where the rows already are."""
+    return None
+
+
+def compiles_nothing(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
+    """`Backend.warm_up_shapes` of the backends that compile nothing ahead."""
+    return []
+
+
 @dataclass(frozen=True)
 class BackendSpec:
     """A registry entry: the module, the packages it needs, and the extra that installs them."""

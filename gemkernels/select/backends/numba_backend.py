@@ -13,12 +13,11 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 
 from gemkernels.kernels import greedy_cpu
-from gemkernels.select.backends import PackedSelection
+from gemkernels.select.backends import PackedSelection, computes_in_place
 from gemkernels.select.backends.numpy_backend import (
     compute_dtype,
     empty_packed,
@@ -27,6 +26,7 @@ from gemkernels.select.backends.numpy_backend import (
 from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "numpy"
+device = computes_in_place
 
 #: Threads a batch is spread over: the cores this process may run on.
 THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -103,11 +103,6 @@ def select_one(x: np.ndarray, sq_norms: np.ndarray, protected: np.ndarray, eligi
     count, coverage = greedy_cpu.select_session(x, inverse_norms(sq_norms, x.dtype), np.flatnonzero(protected),
                                                 eligible & ~protected, tau, capacity, eps, order, residuals)
     return order[:count], coverage, residuals
-
-
-def device(values: Any) -> None:
-    """Computes where the rows are (host memory)."""
-    return None
 
 
 def warm_up_shapes(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:

@@ -13,24 +13,16 @@ float64, every other dtype in float32.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
-from gemkernels.select.backends import PackedSelection
+from gemkernels.select.backends import PackedSelection, compiles_nothing, computes_in_place
 from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "numpy"
 
-
-def device(values: Any) -> None:
-    """Computes where the rows are."""
-    return None
-
-
-def warm_up_shapes(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
-    """Nothing compiles ahead."""
-    return []
+device = computes_in_place
+warm_up_shapes = compiles_nothing
 
 
 def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, tau: np.ndarray,

@@ -7,25 +7,16 @@ reorthogonalisation pass), then ``r -= (X q)**2``. fp16/bf16 inputs compute in f
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
-from gemkernels.select.backends import PackedSelection
+from gemkernels.select.backends import PackedSelection, compiles_nothing, computes_in_place
 from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "torch"
 
-
-def device(values: Any) -> None:
-    """Computes where the rows are."""
-    return None
-
-
-def warm_up_shapes(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
-    """Nothing compiles ahead."""
-    return []
+device = computes_in_place
+warm_up_shapes = compiles_nothing
 
 
 def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor, tau: np.ndarray,
