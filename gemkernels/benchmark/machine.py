@@ -8,6 +8,7 @@ torch and, when it is installed, nvidia-ml-py (``pynvml``), which is imported on
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import platform
 import subprocess
@@ -21,17 +22,37 @@ import numpy as np
 
 from gemkernels.benchmark.timing import cpu_call, cuda_call, measure
 
-#: The checkout this package was imported from (meaningful for an editable install only).
-CHECKOUT = Path(__file__).resolve().parents[1]
+#: The folder above the imported ``gemkernels`` package: the repository in a source checkout or an editable
+#: install, site-packages (or wherever it was unpacked) otherwise.
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def git(*args: str, cwd: Path = CHECKOUT) -> str | None:
-    """Output of a git command in the checkout, or None outside one (an installed wheel) or without git."""
+    """Output of a git command in ``cwd``, or None outside a repository or without git."""
     try:
         return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
                               timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def package_commit(checkout: Path = CHECKOUT) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the gemkernels that is imported, not of whatever repository holds site-packages.
+
+    A source checkout (``checkout`` is the top of its git repository) gives HEAD and whether tracked files
+    changed; an install from a git URL, the commit pip recorded (``direct_url.json``); anything else
+    $GEMKERNELS_GIT_COMMIT (a copy of the tree without .git, e.g. on a lent GPU machine) or None, with dirty None
+    (not known)."""
+    top = git("rev-parse", "--show-toplevel", cwd=checkout)
+    if top is not None and Path(top).resolve() == checkout.resolve():
+        status = git("status", "--porcelain", "--untracked-files=no", cwd=checkout)
+        return git("rev-parse", "HEAD", cwd=checkout), None if status is None else bool(status)
+    try:
+        recorded = json.loads(metadata.distribution("gemkernels").read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        recorded = {}
+    commit = (recorded.get("vcs_info") or {}).get("commit_id") if isinstance(recorded, dict) else None
+    return commit or os.environ.get("GEMKERNELS_GIT_COMMIT"), None
 
 
 def cpu_model() -> str:
@@ -67,14 +88,14 @@ def meminfo(field: str) -> int | None:
 def environment(device: str = "cpu") -> dict[str, Any]:
     """Versions, commit, machine and date. ``device`` "cuda" adds ``gpu`` (name) and ``gpu_info`` (`gpu_info`).
 
-    The commit comes from git, else from $GEMKERNELS_GIT_COMMIT (a copy of the tree without .git, e.g. on a
-    lent GPU machine); ``git_dirty`` is None when git cannot tell.
+    The commit is the imported package's (`package_commit`); ``git_dirty`` is None when it cannot be told.
     """
-    status = git("status", "--porcelain", "--untracked-files=no")
+    commit, dirty = package_commit()
     env: dict[str, Any] = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git("rev-parse", "HEAD") or os.environ.get("GEMKERNELS_GIT_COMMIT"),
-        "git_dirty": None if status is None else bool(status),
+        "gemkernels": version("gemkernels"),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "host_memory_bytes": meminfo("MemTotal"),
