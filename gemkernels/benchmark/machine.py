@@ -93,7 +93,6 @@ def environment(device: str = "cpu") -> dict[str, Any]:
     commit, dirty = package_commit()
     env: dict[str, Any] = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "gemkernels": version("gemkernels"),
         "git_commit": commit,
         "git_dirty": dirty,
         "cpu": cpu_model(),
