@@ -1,4 +1,4 @@
-"""Interaction blocks of a chat history (DESIGN.md §2 stage 1), OpenAI and Anthropic alike.
+"""Interaction blocks of a chat history (DESIGN.md §2.1), OpenAI and Anthropic alike.
 
 A removable block is one assistant message that calls tools plus every message answering
 those calls: OpenAI ``tool`` messages matched by ``tool_call_id``, or the Anthropic ``user``

@@ -11,11 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from gemkernels.compress.config import GEMConfig, resolve_config
 from gemkernels.compress.encoders import Encoder, make_encoder
 from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
 from gemkernels.compress.guard import guarded_removals
+from gemkernels.compress.policy import budget_reason, could_repay, repay_reason, reselection_reason
 from gemkernels.compress.representation import block_text
 from gemkernels.compress.sessions import SessionState, SessionStore
 from gemkernels.compress.tokens import TextCache, o200k_encode, serialise
@@ -299,93 +299,3 @@ def block_tokens(info: BlockInfo) -> int:
     return info.tokens if info.tokens is not None else -(-info.chars // 4)
 
 
-def budget_reason(appended: set[int], sizes: Sequence[int], cfg: GEMConfig) -> str | None:
-    """Why appending would pass a budget (``rewrite_above_blocks`` or ``rewrite_above_tokens``), or None."""
-    if cfg.rewrite_above_blocks is not None and len(appended) > cfg.rewrite_above_blocks:
-        return f"{len(appended)} forwarded blocks would pass the budget of {cfg.rewrite_above_blocks}"
-    tokens = sum(sizes[b] for b in appended)
-    if cfg.rewrite_above_tokens is not None and tokens > cfg.rewrite_above_tokens:
-        return f"{tokens} forwarded block tokens would pass the budget of {cfg.rewrite_above_tokens}"
-    return None
-
-
-class RewriteCost(NamedTuple):
-    """A rewrite under the cost model of `GEMConfig`: tokens it drops from every call, what that saves over the
-    expected remaining calls, the cache miss it pays once, and the per-call saving worth a rewrite."""
-
-    dropped: float
-    saving: float
-    miss: float
-    gap: float
-    remaining: float
-
-    @property
-    def repays(self) -> bool:
-        """The saving outweighs the miss, and the per-call saving has reached the renewal gap."""
-        return self.saving > self.miss and self.dropped >= self.gap
-
-
-def rewrite_cost(dropped: float, resent: float, sizes: Sequence[int], cfg: GEMConfig) -> RewriteCost:
-    """The cost terms of a rewrite that drops ``dropped`` tokens a call and re-sends ``resent`` uncached once, in
-    a history of blocks of ``sizes`` tokens (``cfg.repay_factor`` set)."""
-    c, u = cfg.cached_price, cfg.uncached_price
-    remaining = cfg.repay_factor * len(sizes)
-    return RewriteCost(dropped, saving=c * dropped * (remaining + 1), miss=(u - c) * resent,
-                       gap=renewal_gap(resent, sum(sizes) / len(sizes), c, u), remaining=remaining)
-
-
-def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: GEMConfig) -> str | None:
-    """Why a rewrite to ``kept`` is due under the cost model of `GEMConfig`, or None.
-
-    Due when the rewrite repays itself within the expected remaining calls (the dropped tokens, cached, on
-    this call and the R = ``repay_factor`` x blocks to come, outweigh the kept tokens from the first changed
-    block on, sent uncached once) and the per-call saving has reached `renewal_gap` (rewriting sooner would
-    pay the miss more often than it saves)."""
-    changed = appended ^ kept
-    if not changed or cfg.repay_factor is None:
-        return None
-    first = min(changed)
-    dropped = sum(sizes[b] for b in appended) - sum(sizes[b] for b in kept)
-    cost = rewrite_cost(dropped, sum(sizes[b] for b in kept if b >= first), sizes, cfg)
-    if not cost.repays:
-        return None
-    return (f"rewrite repays: saves {cost.saving:.0f} over {cost.remaining:.0f} expected calls, misses "
-            f"{cost.miss:.0f} once; {dropped} tokens dropped per call, past the renewal gap of {cost.gap:.0f}")
-
-
-def could_repay(appended: set[int], protected: Sequence[int], sizes: Sequence[int], cfg: GEMConfig) -> bool:
-    """Whether some rewrite that keeps ``protected`` could pass `repay_reason`, so that the selection runs only
-    when a rewrite might be due: the saving is at most F minus the protected tokens, and a rewrite that saves
-    anything drops a block older than the newest ``evidence.recent`` ones (those are protected), so it re-sends
-    at least their tokens (the saving grows with the tokens dropped, the miss and the gap with those re-sent)."""
-    if cfg.repay_factor is None or not sizes:
-        return False
-    n = len(sizes)
-    most_dropped = sum(sizes[b] for b in appended) - sum(sizes[b] for b in set(protected))
-    least_resent = sum(sizes[b] for b in range(max(0, n - cfg.evidence.recent), n))
-    return rewrite_cost(most_dropped, least_resent, sizes, cfg).repays
-
-
-def renewal_gap(resent: float, per_call: float, cached_price: float, uncached_price: float = 1.0) -> float:
-    """The per-call saving at which rewriting is cheapest over a long run: a context that grows by
-    ``per_call`` tokens a call and is cut back every g calls, re-sending ``resent`` tokens uncached (u) instead
-    of cached (c) each time, costs c (K + per_call (g + 1) / 2) + (u - c) resent / g a call, least at
-    g* = sqrt(2 (u - c) resent / (c per_call)); the saving then is g* per_call."""
-    if cached_price <= 0:
-        return math.inf
-    return math.sqrt(2 * (uncached_price - cached_price) * resent * per_call / cached_price)
-
-
-def reselection_reason(state: SessionState | None, keys: tuple[str, ...], goal: str, cfg: GEMConfig) -> str | None:
-    """Why this request needs a global selection, or None to append to the saved forwarded set (a budgeted
-    session starts from the full history, so its first eligible request appends)."""
-    every = cfg.reselect_every
-    if state is None:
-        return None if cfg.budgeted else "first eligible request of the session"
-    if goal != state.goal and cfg.reselect_on_goal_change:
-        return "goal changed"
-    if keys[:len(state.block_keys)] != state.block_keys:
-        return "history is not an extension of the last request"
-    if len(keys) - state.blocks_at_selection >= every:
-        return f"{len(keys) - state.blocks_at_selection} new blocks since the last selection (every {every})"
-    return None

@@ -1,4 +1,4 @@
-"""The forwarding guard (DESIGN.md §2 stage 6): how much of a request one rewrite may remove."""
+"""The forwarding guard (DESIGN.md §2.6): how much of a request one rewrite may remove."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A block's text for the encoder (DESIGN.md §2 stage 2): reasoning, text, actions and observations under markers.
+"""A block's text for the encoder (DESIGN.md §2.2): reasoning, text, actions and observations under markers.
 
 Only this text is shortened (head and tail kept); forwarded messages are never touched.
 """

@@ -1,4 +1,4 @@
-"""Per-session memory of the online policy (DESIGN.md §2 stage 7): a bounded, thread-safe LRU + TTL store."""
+"""Per-session memory of the online policy (DESIGN.md §3): a bounded, thread-safe LRU + TTL store."""
 
 from __future__ import annotations
 

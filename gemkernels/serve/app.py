@@ -7,14 +7,14 @@ fields, query string and headers (``Authorization`` included, never logged; hop-
 a JSON object with a ``messages`` list, is forwarded byte for byte. Responses, server-sent events
 included, are relayed chunk by chunk with the upstream's status, headers and body.
 
-Contracts (issue 6):
+Contracts (DESIGN.md §5):
 - nothing is lost: any failure inside compression, or a full compression queue, forwards the
   original body; an upstream that cannot be reached answers 502, one that times out before
   answering 504 (both ``{"error": {"type", "message"}}``); a stream the upstream drops mid-way is
   cut off for the client too (the connection closes without the final chunk);
 - session identity: the ``X-GEM-Session`` header, else the body's ``user``, else
   ``metadata.user_id``, else GEM's prefix hash; requests of one session are compressed one at a time;
-- selection and block encoding of concurrent requests run batched (`gemkernels.batching`);
+- selection and block encoding of concurrent requests run batched (`gemkernels.serve.batching`, in `gemkernels.serve.compressor`);
 - bounded: at most ``max_pending`` compressions queued or running, GEM's session store bounded;
   shutdown (uvicorn's graceful shutdown) drains in-flight requests before the batchers stop;
 - with ``--set backend=triton`` on a GPU, or ``--set backend=numba``, the selection kernels are compiled at
@@ -28,23 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
-import threading
-import time
 from collections.abc import AsyncIterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
     generate_latest,
 )
 from starlette.applications import Starlette
@@ -54,150 +45,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gemkernels.compress.blocks import json_object
-from gemkernels.compress.config import with_overrides
-from gemkernels.compress.encoders import make_encoder
-from gemkernels.compress.gem import GEM, PASSTHROUGH, Compressed
-from gemkernels.compress.sessions import SessionStore, request_session
-from gemkernels.select.api import warm_up
-from gemkernels.serve.batching import BatchingEncoder, SelectionBatcher
+from gemkernels.compress.gem import PASSTHROUGH
+from gemkernels.compress.sessions import request_session
+from gemkernels.serve.compressor import Compressor, warm_up_kernels
+from gemkernels.serve.config import ServerConfig
+from gemkernels.serve.metrics import Metrics
 
 logger = logging.getLogger("gemkernels.server")
 
 SESSION_HEADER = "x-gem-session"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length"})
-LOCK_STRIPES = 64
-LATENCY_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1)
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Everything ``gem serve`` needs; ``upstream`` is the API root (``http://host:port`` or ``.../v1``);
-    ``overrides`` are ``field=value`` items applied to the preset (`config.with_overrides`)."""
-
-    upstream: str
-    preset: str = "paper"
-    overrides: tuple[str, ...] = ()
-    encoder: str = "minilm"
-    max_wait: float = 0.002
-    max_batch: int = 64
-    workers: int = 8
-    max_pending: int = 1024
-    max_sessions: int = 10_000
-    timeout: float = 600.0
-
-
-class Metrics:
-    """The proxy's Prometheus metrics, in their own registry (one per app)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter("gem_requests", "Requests by route and GEM action", ["route", "action"], registry=r)
-        self.passthroughs = Counter("gem_passthroughs", "Requests forwarded unchanged by reason", ["reason"],
-                                    registry=r)
-        self.chars = Counter("gem_chars", "Serialised message characters", ["stage"], registry=r)
-        self.tokens = Counter("gem_tokens", "o200k message tokens (when counted)", ["stage"], registry=r)
-        self.upstream_errors = Counter("gem_upstream_errors", "Upstream failures by kind", ["kind"], registry=r)
-        self.stage_seconds = Histogram("gem_stage_seconds", "GEM stage latency (encode, select, total)", ["stage"],
-                                       registry=r, buckets=LATENCY_BUCKETS + (2, 5))
-        self.batch_size = Histogram("gem_batch_size", "Requests per batched call", ["kind"], registry=r,
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
-        self.batch_seconds = Histogram("gem_batch_seconds", "Seconds per batched call", ["kind"], registry=r,
-                                       buckets=LATENCY_BUCKETS)
-        self.sessions = Gauge("gem_sessions", "Sessions held in GEM's store", registry=r)
-        self.pending = Gauge("gem_pending_compressions", "Compressions queued or running", registry=r)
-
-    def observe_batch(self, kind: str, size: int, seconds: float) -> None:
-        self.batch_size.labels(kind).observe(size)
-        self.batch_seconds.labels(kind).observe(seconds)
-
-    def observe_compression(self, route: str, result: Compressed) -> None:
-        stats = result.stats
-        self.requests.labels(route, stats.action).inc()
-        if stats.action == PASSTHROUGH:
-            self.passthroughs.labels(passthrough_reason(stats.reason)).inc()
-        if stats.chars_before:
-            self.chars.labels("before").inc(stats.chars_before)
-            self.chars.labels("after").inc(stats.chars_after)
-        if stats.tokens_before is not None and stats.tokens_after is not None:
-            self.tokens.labels("before").inc(stats.tokens_before)
-            self.tokens.labels("after").inc(stats.tokens_after)
-        for stage, seconds in stats.seconds.items():
-            self.stage_seconds.labels(stage).observe(seconds)
-
-
-def passthrough_reason(reason: str) -> str:
-    """A GEM passthrough reason as a low-cardinality label."""
-    if reason.startswith("invalid structure"):
-        return "invalid_structure"
-    if reason.startswith("QueueFullError"):
-        return "queue_full"
-    return "compression_error"
-
-
-def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: BatchingEncoder) -> GEM:
-    """GEM over the batching encoder, with the batched selection when GEM accepts a ``select_fn``."""
-    return GEM(with_overrides(config.preset, config.overrides), encoder=encoder,
-               store=SessionStore(max_sessions=config.max_sessions),
-               select_fn=selector.select)
-
-
-class Compressor:
-    """Runs `GEM.compress` in a worker pool, at most ``max_pending`` at a time, one per session at a time.
-
-    ``compress`` returns None when the request must go out unchanged for a reason outside GEM
-    (queue full, unexpected error); GEM's own passthroughs come back as its `Compressed`."""
-
-    def __init__(self, config: ServerConfig, metrics: Metrics):
-        self.metrics, self.max_pending, self.workers = metrics, config.max_pending, config.workers
-        self.pending = 0
-        self.selector = SelectionBatcher(config.max_batch, config.max_wait, config.max_pending,
-                                         metrics.observe_batch, self.running)
-        self.encoder = BatchingEncoder(make_encoder(config.encoder), config.max_batch, config.max_wait,
-                                       config.max_pending, metrics.observe_batch, self.running)
-        self.gem = make_gem(config, self.selector, self.encoder)
-        metrics.sessions.set_function(lambda: len(self.gem.store))
-        self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="gem-compress")
-        self.locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
-
-    def running(self) -> int:
-        """Compressions that could be inside GEM now (the batchers wait for no more than this)."""
-        return max(1, min(self.pending, self.workers))
-
-    async def compress(self, route: str, messages: Any, session_id: str | None,
-                       goal: str | None = None) -> Compressed | None:
-        if self.pending >= self.max_pending:
-            self.metrics.requests.labels(route, PASSTHROUGH).inc()
-            self.metrics.passthroughs.labels("queue_full").inc()
-            return None
-        self.pending += 1
-        self.metrics.pending.inc()
-        try:
-            result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._compress, messages, session_id, goal)
-        except Exception:
-            logger.exception("gemkernels: compression crashed; forwarding the original request")
-            self.metrics.requests.labels(route, PASSTHROUGH).inc()
-            self.metrics.passthroughs.labels("internal_error").inc()
-            return None
-        finally:
-            self.pending -= 1
-            self.metrics.pending.dec()
-        self.metrics.observe_compression(route, result)
-        return result
-
-    def _compress(self, messages: Any, session_id: str | None, goal: str | None) -> Compressed:
-        key = session_id if session_id is not None else json.dumps(messages[:2], default=str, sort_keys=True)
-        stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little") % LOCK_STRIPES
-        with self.locks[stripe]:
-            return self.gem.compress(messages, session_id=session_id, goal=goal)
-
-    def close(self) -> None:
-        """Finish queued compressions, then stop the batchers."""
-        self.executor.shutdown(wait=True)
-        self.selector.close()
-        self.encoder.close()
 
 
 def session_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
@@ -211,21 +69,6 @@ def upstream_url(base: str, path: str) -> str:
     if base.endswith("/v1") and path.startswith("/v1/"):
         path = path[3:]
     return base + path
-
-
-def warm_up_kernels(compressor: Compressor) -> None:
-    """Compile the selection backend's kernels before the first request (`gemkernels.select.api.warm_up`: triton on
-    a GPU, numba); logged, and a failure is logged and left to the requests, which then go out uncompressed."""
-    cfg = compressor.gem.config
-    start = time.perf_counter()
-    try:
-        shapes = warm_up(cfg.backend, compressor.encoder.dim, None if cfg.keep_recent_size else cfg.k)
-    except Exception:
-        logger.exception("could not compile the %s selection kernels ahead of the first request", cfg.backend)
-        return
-    if shapes:
-        logger.info("compiled the %s selection kernels for sessions of up to %d rows in %.1f s", cfg.backend,
-                    shapes[-1][0], time.perf_counter() - start)
 
 
 def error_response(status: int, kind: str, message: str) -> JSONResponse:

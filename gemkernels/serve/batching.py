@@ -1,4 +1,4 @@
-"""Cross-request micro-batching for the server (DESIGN.md §2, issue 6 item 3).
+"""Cross-request micro-batching for the server (DESIGN.md §5).
 
 Compression runs in worker threads, one request per thread. `MicroBatcher` lets those threads
 share one call: ``submit(item)`` blocks until a batch holding ``item`` has run and returns its

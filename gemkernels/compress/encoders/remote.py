@@ -1,4 +1,4 @@
-"""An `Encoder` served by any OpenAI-compatible ``POST {base_url}/embeddings`` endpoint (DESIGN.md §2 stage 3).
+"""An `Encoder` served by any OpenAI-compatible ``POST {base_url}/embeddings`` endpoint (DESIGN.md §2.3).
 
 Needs ``httpx`` (``pip install 'gemkernels[remote]'``). The API key is read from the environment once, at
 construction, and never appears in a log, a repr or an error message.

@@ -1,4 +1,4 @@
-"""Evidence protection (DESIGN.md §2 stage 4; paper §5.2 and appendix B.2): the blocks GEM must keep.
+"""Evidence protection (DESIGN.md §2.4; paper §5.2 and appendix B.2): the blocks GEM must keep.
 
 `gemkernels.compress.evidence.features.block_features` reads one block once (the caller caches it by ``block.key``): the paths it may
 have changed, whether it records an error, and the sources it read. Each rule is a small pure

@@ -1,0 +1,105 @@
+"""`Compressor`: GEM behind the proxy, in a bounded worker pool, one compression per session at a time, with the
+selection and block encoding of concurrent requests batched, and the selection kernels compiled before serving."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from gemkernels.compress.config import with_overrides
+from gemkernels.compress.encoders import make_encoder
+from gemkernels.compress.gem import GEM, PASSTHROUGH, Compressed
+from gemkernels.compress.sessions import SessionStore
+from gemkernels.select.api import warm_up
+from gemkernels.serve.batching import BatchingEncoder, SelectionBatcher
+from gemkernels.serve.config import ServerConfig
+from gemkernels.serve.metrics import Metrics
+
+logger = logging.getLogger("gemkernels.server")
+
+LOCK_STRIPES = 64
+
+
+def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: BatchingEncoder) -> GEM:
+    """GEM over the batching encoder, with the batched selection when GEM accepts a ``select_fn``."""
+    return GEM(with_overrides(config.preset, config.overrides), encoder=encoder,
+               store=SessionStore(max_sessions=config.max_sessions),
+               select_fn=selector.select)
+
+
+class Compressor:
+    """Runs `GEM.compress` in a worker pool, at most ``max_pending`` at a time, one per session at a time.
+
+    ``compress`` returns None when the request must go out unchanged for a reason outside GEM
+    (queue full, unexpected error); GEM's own passthroughs come back as its `Compressed`."""
+
+    def __init__(self, config: ServerConfig, metrics: Metrics):
+        self.metrics, self.max_pending, self.workers = metrics, config.max_pending, config.workers
+        self.pending = 0
+        self.selector = SelectionBatcher(config.max_batch, config.max_wait, config.max_pending,
+                                         metrics.observe_batch, self.running)
+        self.encoder = BatchingEncoder(make_encoder(config.encoder), config.max_batch, config.max_wait,
+                                       config.max_pending, metrics.observe_batch, self.running)
+        self.gem = make_gem(config, self.selector, self.encoder)
+        metrics.sessions.set_function(lambda: len(self.gem.store))
+        self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="gem-compress")
+        self.locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
+
+    def running(self) -> int:
+        """Compressions that could be inside GEM now (the batchers wait for no more than this)."""
+        return max(1, min(self.pending, self.workers))
+
+    async def compress(self, route: str, messages: Any, session_id: str | None,
+                       goal: str | None = None) -> Compressed | None:
+        if self.pending >= self.max_pending:
+            self.metrics.requests.labels(route, PASSTHROUGH).inc()
+            self.metrics.passthroughs.labels("queue_full").inc()
+            return None
+        self.pending += 1
+        self.metrics.pending.inc()
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                self.executor, self._compress, messages, session_id, goal)
+        except Exception:
+            logger.exception("gemkernels: compression crashed; forwarding the original request")
+            self.metrics.requests.labels(route, PASSTHROUGH).inc()
+            self.metrics.passthroughs.labels("internal_error").inc()
+            return None
+        finally:
+            self.pending -= 1
+            self.metrics.pending.dec()
+        self.metrics.observe_compression(route, result)
+        return result
+
+    def _compress(self, messages: Any, session_id: str | None, goal: str | None) -> Compressed:
+        key = session_id if session_id is not None else json.dumps(messages[:2], default=str, sort_keys=True)
+        stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little") % LOCK_STRIPES
+        with self.locks[stripe]:
+            return self.gem.compress(messages, session_id=session_id, goal=goal)
+
+    def close(self) -> None:
+        """Finish queued compressions, then stop the batchers."""
+        self.executor.shutdown(wait=True)
+        self.selector.close()
+        self.encoder.close()
+
+
+def warm_up_kernels(compressor: Compressor) -> None:
+    """Compile the selection backend's kernels before the first request (`gemkernels.select.api.warm_up`: triton on
+    a GPU, numba); logged, and a failure is logged and left to the requests, which then go out uncompressed."""
+    cfg = compressor.gem.config
+    start = time.perf_counter()
+    try:
+        shapes = warm_up(cfg.backend, compressor.encoder.dim, None if cfg.keep_recent_size else cfg.k)
+    except Exception:
+        logger.exception("could not compile the %s selection kernels ahead of the first request", cfg.backend)
+        return
+    if shapes:
+        logger.info("compiled the %s selection kernels for sessions of up to %d rows in %.1f s", cfg.backend,
+                    shapes[-1][0], time.perf_counter() - start)

@@ -1,0 +1,22 @@
+"""`ServerConfig`: everything ``gem serve`` needs to build the proxy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``gem serve`` needs; ``upstream`` is the API root (``http://host:port`` or ``.../v1``);
+    ``overrides`` are ``field=value`` items applied to the preset (`config.with_overrides`)."""
+
+    upstream: str
+    preset: str = "paper"
+    overrides: tuple[str, ...] = ()
+    encoder: str = "minilm"
+    max_wait: float = 0.002
+    max_batch: int = 64
+    workers: int = 8
+    max_pending: int = 1024
+    max_sessions: int = 10_000
+    timeout: float = 600.0
