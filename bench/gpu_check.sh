@@ -6,7 +6,7 @@
 # sweep gets a --time-budget inside that, so results are written even when a stage runs long.
 #   1. python: the first of .venv/bin/python, python3, python that has torch with CUDA and triton;
 #      `pip install -e . --no-deps` only if `import gemkernels` fails (or finds another checkout).
-#   2. correctness: python -m pytest tests/test_select.py tests/test_kernels.py -x -q (every backend against the
+#   2. correctness: python -m pytest tests/select tests/kernels -x -q (every backend against the
 #      float64 reference on CUDA, bf16 included; the Gram kernel against float64).
 #   3. headline points (torch and every triton path, plus the -global greedy variants where n <= 256;
 #      python -m bench): S=4096 n=256 d=1024 b=16 bf16; then the Gram tile candidates at that shape
@@ -128,17 +128,12 @@ importable() {
 assert os.path.realpath(gemkernels.__file__).startswith(os.path.realpath('$REPO') + os.sep), gemkernels.__file__" \
         >/dev/null 2>&1
 }
-LINKED=""
-trap '[ -n "$LINKED" ] && rm -f "$LINKED"' EXIT
 if ! importable; then
     log "gemkernels is not importable from this checkout: pip install -e . --no-deps"
     "$PY" -m pip install -q -e . --no-deps --no-build-isolation || "$PY" -m pip install -q -e . --no-deps
     if ! importable; then
-        # Last resort: the kernels package lives in kernels/ (installed as gemkernels.kernels); link it in place.
+        # Last resort: the source tree itself (gemkernels loads kernels/ as gemkernels.kernels without an install).
         log "pip install failed; importing from the source tree"
-        if [ ! -e gemkernels/kernels ]; then
-            ln -s ../kernels gemkernels/kernels && LINKED=gemkernels/kernels
-        fi
         export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
         importable || { log "gemkernels still not importable"; exit 1; }
     fi
@@ -153,9 +148,9 @@ print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', tor
 
 # ---------------------------------------------------------------- 2. correctness
 if [ $SMOKE -eq 1 ]; then
-    stage correctness 120 "$PY" -m pytest tests/test_select.py -x -q -p no:cacheprovider -k "numpy and random"
+    stage correctness 120 "$PY" -m pytest tests/select/test_contract.py -x -q -p no:cacheprovider -k "numpy and random"
 else
-    stage correctness 120 "$PY" -m pytest tests/test_select.py tests/test_kernels.py -x -q -p no:cacheprovider
+    stage correctness 120 "$PY" -m pytest tests/select tests/kernels -x -q -p no:cacheprovider
 fi
 
 # ---------------------------------------------------------------- 3. headline points, gram tiles, quick sweep
