@@ -25,10 +25,15 @@ def encoder_extras(encoder: str) -> tuple[str, ...]:
     return ()
 
 
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported here (found, not imported)."""
+    return importlib.util.find_spec(module) is not None
+
+
 def missing_extra(command: str, *extras: str) -> str | None:
     """None when every module of ``extras`` imports here, else the sentence that names the install."""
     for extra in extras:
-        missing = [m for m in EXTRA_MODULES[extra] if importlib.util.find_spec(m) is None]
+        missing = [m for m in EXTRA_MODULES[extra] if not installed(m)]
         if missing:
             return f"gem {command} needs pip install 'gemkernels[{extra}]' (missing: {', '.join(missing)})"
     return None
