@@ -48,7 +48,7 @@ def pick_pivot(residuals_ptr, candidate_ptr, protected_idx_ptr, start, n, t, num
 
 @triton.jit
 def should_stop(forced, best, t, capacity, coverage, tau, eps):
-    """The completion loop's exit test (DESIGN.md §1 step 3); protected steps never stop."""
+    """The completion loop's exit test (DESIGN.md §1); protected steps never stop."""
     stop = (t >= capacity) | (coverage >= tau) | (best <= eps)
     return stop & (forced == 0)
 
