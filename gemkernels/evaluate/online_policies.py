@@ -31,7 +31,7 @@ from gemkernels.compress.config import (
     resolve_config,
     with_overrides,
 )
-from gemkernels.compress.encoders import Encoder
+from gemkernels.compress.encoders import Encoder, WrappedEncoder
 from gemkernels.compress.gem import GEM
 from gemkernels.compress.tokens import Prices
 from gemkernels.evaluate.loaders import Run
@@ -132,12 +132,11 @@ class Masking:
                                        for part in message["content"]]}
 
 
-class RecordingEncoder:
+class RecordingEncoder(WrappedEncoder):
     """Delegates to ``encoder`` and records each distinct text it is asked to embed, in first-seen order."""
 
     def __init__(self, encoder: Encoder):
-        self.encoder = encoder
-        self.name, self.dim = encoder.name, encoder.dim
+        super().__init__(encoder)
         self.texts: list[str] = []
         self._seen: set[str] = set()
 

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from gemkernels.compress.encoders import Encoder
+from gemkernels.compress.encoders import Encoder, WrappedEncoder
 from gemkernels.select.api import (
     DEFAULT_EPS,
     DEFAULT_K,
@@ -197,13 +197,12 @@ def select_alone(req: SelectRequest) -> Selection | Exception:
         return err
 
 
-class BatchingEncoder:
+class BatchingEncoder(WrappedEncoder):
     """An `Encoder` whose concurrent ``encode`` calls reach ``encoder`` as one call, from one thread."""
 
     def __init__(self, encoder: Encoder, max_batch: int = 64, max_wait: float = 0.002, max_queue: int = 4096,
                  observer: BatchObserver | None = None, callers: Callable[[], int] | None = None):
-        self.encoder = encoder
-        self.name, self.dim = encoder.name, encoder.dim
+        super().__init__(encoder)
         self.batcher: MicroBatcher[list[str], np.ndarray] = MicroBatcher(
             self._encode_all, "encode", max_batch, max_wait, max_queue, observer, callers)
 
