@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from gemkernels.cli.extras import EXTRA_MODULES
 from gemkernels.compress.encoders import HashEncoder
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "django-11276.json"
+#: Small runs cut from the development runs, one per format (tests/fixtures/).
+FIXTURES = ROOT / "tests" / "fixtures"
 #: The development runs beside the project (``../shared``); tests that need them skip without them.
 TRAJECTORIES = ROOT.parent / "shared" / "data" / "trajectories"
+
+
+def needs_extra(*extras: str) -> None:
+    """Skip the calling test unless every module of these extras (pyproject.toml) imports, as a subcommand that
+    requires them checks before any work."""
+    for extra in extras:
+        for module in EXTRA_MODULES[extra]:
+            pytest.importorskip(module)
 
 
 def call_ids(messages: list[dict]) -> list[str]:

@@ -1,11 +1,14 @@
 """Selectors at the same K: exactly min(K, n) distinct blocks, GEM's priority cut, the baselines' definitions."""
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import pytest
 
-from gemkernels.compress.evidence import BlockFeatures, EvidenceConfig
-from gemkernels.evaluate.selectors import (
+pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from gemkernels.compress.evidence import BlockFeatures, EvidenceConfig  # noqa: E402
+from gemkernels.evaluate.selectors import (  # noqa: E402
     SELECTORS,
     View,
     cosine_top_k,

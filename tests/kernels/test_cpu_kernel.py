@@ -1,6 +1,6 @@
 """The numba kernels (``kernels/greedy_cpu.py``) on their own and under load: the Gram row against float64, many
 sessions in parallel against the float64 reference, and concurrent callers (the selections' contract is tested
-for every backend in test_select.py)."""
+for every backend in tests/select/)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import threading
 
 import numpy as np
 import pytest
-from test_select import backend_marks, check_selection, make_x, to_np
 
-import gemkernels as gk
+pytest.importorskip("numba")
+from select_helpers import backend_marks, check_selection, make_x, to_np  # noqa: E402
+
+import gemkernels as gk  # noqa: E402
 
 pytestmark = backend_marks("numba")
 

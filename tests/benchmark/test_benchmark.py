@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, needs_extra
 
 from gemkernels.benchmark import machine as bench_machine
 from gemkernels.benchmark import point as bench_point
@@ -55,6 +55,7 @@ def subgrid(tmp_path_factory) -> tuple[Path, int, list[dict]]:
     """One small sweep shared by the tests that read its records: 2 n x 1 d x 1 S x 2 modes x 2 backends,
     rotating through 2 input copies."""
     pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
     out = tmp_path_factory.mktemp("bench")
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(bench_machine.CEILING_SIZES, "cpu", (4 << 20, 128, 3))
@@ -160,6 +161,8 @@ def test_impossible_size_is_skipped_with_a_note(tmp_path):
 
 
 def test_left_out_combinations_become_notes(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
     code, records = run_bench(tmp_path, "-n", "8", "-d", "16", "-S", "1", "--dtype", "bf16", "--mode", "fixed",
                               "--backend", "numpy", "--time-budget", "100")
     assert code == 0 and not points(records)
@@ -257,10 +260,11 @@ def test_inputs_are_one_seeded_draw_in_every_dtype():
 
 def test_gem_subcommand_hook(tmp_path):
     """What the ``gem`` parser wires: ``gem bench`` parses into the sweep's options and runs it through ``func``."""
+    needs_extra("bench")
     from gemkernels.cli import build_parser
 
-    args = build_parser().parse_args(["bench", *FAST, "-n", "8", "-d", "16", "-S", "1", "--dtype", "fp32", "--mode", "fixed",
-                              "--backend", "numpy", "--no-plots", "--out", str(tmp_path)])
+    args = build_parser().parse_args(["bench", *FAST, "-n", "8", "-d", "16", "-S", "1", "--dtype", "fp32",
+                                      "--mode", "fixed", "--backend", "numpy", "--no-plots", "--out", str(tmp_path)])
     assert args.command == "bench" and args.func(args) == 0
     assert len(points(json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines())) == 1
     with pytest.raises(SystemExit, match="warmup >= 2"):
@@ -330,6 +334,7 @@ def test_gram_workspace_is_planned_at_its_group_budget():
     """The gram path launches groups whose Gram matrices fit GRAM_MAX_BYTES, so a point plans for that much, not
     for every session's n^2 at once (8192 x 1024^2 fp32 would be 32 GiB), and none when G stays on chip."""
     pytest.importorskip("torch")
+    pytest.importorskip("triton")
     from gemkernels.select.backends.triton_backend import GRAM_MAX_BYTES
 
     big, small = Point("fixed", "fp32", 8192, 1024, 384, 16), Point("fixed", "fp32", 4, 64, 384, 16)

@@ -8,10 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from gemkernels.cli import analyze as analyze_cli
-from gemkernels.evaluate import analysis
-from gemkernels.evaluate.analysis import Subspace, Tolerance
-from gemkernels.evaluate.retention import nearest
+pytest.importorskip("scipy")
+from helpers import FIXTURES, needs_extra  # noqa: E402
+
+from gemkernels.cli import analyze as analyze_cli  # noqa: E402
+from gemkernels.evaluate import analysis  # noqa: E402
+from gemkernels.evaluate.analysis import Subspace, Tolerance  # noqa: E402
+from gemkernels.evaluate.retention import nearest  # noqa: E402
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
@@ -165,9 +168,10 @@ def test_greedy_counts_reach_tau():
 
 
 def test_gem_analyze_writes_tables_json_and_figures(tmp_path):
+    needs_extra("replay")
     parser = argparse.ArgumentParser(prog="gem")
     analyze_cli.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["analyze", "tests/fixtures", "--encoder", "hash", "--min-blocks", "4",
+    args = parser.parse_args(["analyze", str(FIXTURES), "--encoder", "hash", "--min-blocks", "4",
                               "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--quiet"])
     assert args.func(args) == 0
     summary = json.loads((tmp_path / "out" / "analysis.json").read_text())

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import TRAJECTORIES, call_ids
+from helpers import FIXTURES, TRAJECTORIES, call_ids
 
 from gemkernels.compress.blocks import BlockStructureError, parse_history
 from gemkernels.evaluate.loaders import (
@@ -22,7 +22,6 @@ from gemkernels.evaluate.loaders import (
     read_runs,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures"
 REAL = TRAJECTORIES
 
 # file -> (format, runs in it, blocks per run)

@@ -11,19 +11,21 @@ import re
 
 import numpy as np
 import pytest
-from helpers import TRAJECTORIES
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from gemkernels.compress.blocks import Action, Block, parse_history
-from gemkernels.compress.evidence import (
+pytest.importorskip("hypothesis")
+from helpers import TRAJECTORIES  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from gemkernels.compress.blocks import Action, Block, parse_history  # noqa: E402
+from gemkernels.compress.evidence import (  # noqa: E402
     RULES,
     BlockFeatures,
     EvidenceConfig,
     block_features,
     protect,
 )
-from gemkernels.compress.evidence.rules import (
+from gemkernels.compress.evidence.rules import (  # noqa: E402
     error_blocks,
     goal_blocks,
     initial_blocks,

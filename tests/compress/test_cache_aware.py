@@ -4,18 +4,20 @@ import json
 from dataclasses import replace
 
 import pytest
-from helpers import TRAJECTORIES
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from gemkernels import GEM, GEMConfig, select
-from gemkernels.compress.blocks import parse_history
-from gemkernels.compress.config import resolve_config
-from gemkernels.compress.encoders import CachedEncoder, HashEncoder
-from gemkernels.compress.evidence import EvidenceConfig
-from gemkernels.compress.gem import could_repay, renewal_gap, repay_reason
-from gemkernels.evaluate.online_policies import AmortizedForgetting
-from gemkernels.testing.histories import synthetic_history
+pytest.importorskip("hypothesis")
+from helpers import TRAJECTORIES  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from gemkernels import GEM, GEMConfig, select  # noqa: E402
+from gemkernels.compress.blocks import parse_history  # noqa: E402
+from gemkernels.compress.config import resolve_config  # noqa: E402
+from gemkernels.compress.encoders import CachedEncoder, HashEncoder  # noqa: E402
+from gemkernels.compress.evidence import EvidenceConfig  # noqa: E402
+from gemkernels.compress.policy import could_repay, renewal_gap, repay_reason  # noqa: E402
+from gemkernels.evaluate.online_policies import AmortizedForgetting  # noqa: E402
+from gemkernels.testing.histories import synthetic_history  # noqa: E402
 
 
 def steps(messages):

@@ -6,13 +6,15 @@ import sys
 import threading
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from gemkernels.compress.config import PRESETS, GEMConfig, resolve_config
-from gemkernels.compress.evidence import EvidenceConfig
-from gemkernels.compress.guard import guarded_removals
-from gemkernels.compress.sessions import SessionState, SessionStore
+pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from gemkernels.compress.config import PRESETS, GEMConfig, resolve_config  # noqa: E402
+from gemkernels.compress.evidence import EvidenceConfig  # noqa: E402
+from gemkernels.compress.guard import guarded_removals  # noqa: E402
+from gemkernels.compress.sessions import SessionState, SessionStore  # noqa: E402
 
 
 def state(tag: str) -> SessionState:

@@ -2,12 +2,10 @@
 
 import json
 
-from helpers import EXAMPLE, ROOT
+from helpers import EXAMPLE, FIXTURES
 
 from gemkernels.cli import main
 from gemkernels.compress.blocks import parse_history
-
-FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def test_compress_writes_a_valid_shorter_history(tmp_path, capsys):

@@ -2,11 +2,10 @@
 
 import argparse
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import CountingEncoder
+from helpers import FIXTURES, CountingEncoder, needs_extra
 
 from gemkernels.cli.replay import add_parser
 from gemkernels.compress.blocks import parse_history
@@ -15,8 +14,6 @@ from gemkernels.compress.encoders.cache import EmbeddingCache
 from gemkernels.compress.representation import block_text
 from gemkernels.evaluate.loaders import load_runs
 from gemkernels.evaluate.replay import Plan, action_text, prepare, replay
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_cache_encodes_each_text_once_across_instances(tmp_path):
@@ -62,6 +59,7 @@ def test_checkpoints_hold_the_history_before_the_next_action(jobs):
 
 
 def test_replay_is_deterministic_for_a_seed(jobs):
+    pytest.importorskip("tqdm")  # replay draws its progress with tqdm
     _, prepared = jobs
     plan = Plan(("gem", "random", "random_completion"), (1, 2), (0.9,), 2, seed=3)
     first, second = replay(prepared, plan, 1, False), replay(prepared, plan, 2, False)
@@ -75,6 +73,7 @@ def flat(results):
 
 
 def test_replay_command_writes_tables_json_and_plots(tmp_path, capsys):
+    needs_extra("replay")
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
     out = tmp_path / "out"

@@ -1,18 +1,20 @@
 """The Triton kernels' building blocks on their own: the symmetric Gram plan and product, and the tile rules of
-the register-resident greedy (the selections they produce are tested in test_select.py)."""
+the register-resident greedy (the selections they produce are tested in tests/select/)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import KernelSpy
-from hypothesis import given
-from hypothesis import strategies as st
-from test_select import backend_marks
 
-pytestmark = backend_marks("triton")
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
+pytest.importorskip("hypothesis")
+from helpers import KernelSpy  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from select_helpers import backend_marks  # noqa: E402
+
+pytestmark = backend_marks("triton")
 
 
 def test_gram_plan_lists_each_upper_tile_once():

@@ -4,10 +4,9 @@ import argparse
 import copy
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-from helpers import call_ids
+from helpers import FIXTURES, call_ids, needs_extra
 
 from gemkernels import GEM
 from gemkernels.cli.online import add_parser, run
@@ -37,7 +36,6 @@ from gemkernels.evaluate.online_replay import (
     report,
 )
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 OPTIONS = PolicyOptions(window=1, mask_after=1, encoder="hash")
 ENCODER = CachedEncoder(HashEncoder(64))
 
@@ -152,6 +150,7 @@ def test_gem_policy_equals_calling_gem_directly():
 
 
 def test_preset_overrides_build_the_config_they_name():
+    pytest.importorskip("bpe_openai")  # replay_run's default token cache
     config = with_overrides("cache-aware", ["k=20", "evidence.recent=4", "repay_factor=None", "tau=1"])
     base = resolve_config("cache-aware")
     assert config == replace(base, k=20, repay_factor=None, tau=1, evidence=replace(base.evidence, recent=4))
@@ -189,6 +188,7 @@ def test_bad_policy_names_are_refused_with_the_reason(name):
 
 
 def test_replay_is_deterministic_in_and_across_processes():
+    pytest.importorskip("bpe_openai")  # replay_run's default token cache
     messages = synthetic(30)
     runs = [Run(f"r{i}", "openai", messages[:len(messages) - 6 * i], "Fix it", "<memory>") for i in range(3)]
     names = list(POLICIES)
@@ -200,6 +200,7 @@ def test_replay_is_deterministic_in_and_across_processes():
 
 
 def test_gem_presets_cost_embedding_tokens_only_past_16_blocks():
+    pytest.importorskip("bpe_openai")  # replay_run's default token cache
     short, long = (Run(name, "openai", synthetic(n), "Fix it", "<memory>") for name, n in (("s", 10), ("l", 25)))
     for r, expect_embedding in ((short, False), (long, True)):
         totals = replay_run(r, ["full", "gem-paper"], OPTIONS, encoder_by_name).totals()
@@ -257,7 +258,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_cli_writes_table_json_and_plot(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+    needs_extra("replay")
     code = run(parse(["online", str(FIXTURES), "--encoder", "hash", "--window", "2", "--out", str(tmp_path),
                       "--policies", "window,gem-paper:delta=0.5,amortized"]))
     assert code == 0
@@ -272,6 +273,7 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
 
 
 def test_cli_bills_with_the_given_prices(tmp_path, capsys):
+    needs_extra("replay")
     argv = ["online", str(FIXTURES), "--encoder", "hash", "--policies", "window", "--window", "2", "--long-runs", "",
             "--evidence-policies", "", "--price-cached", "0.25", "--price-uncached", "1.25", "--out", str(tmp_path)]
     assert run(parse(argv)) == 0
@@ -296,6 +298,7 @@ def test_cli_rejects_bad_options(argv, capsys):
 
 
 def test_a_model_encoder_writes_one_cache_shard_per_run(tmp_path):
+    pytest.importorskip("bpe_openai")  # replay_run's default token cache
     from gemkernels.evaluate import online_replay
 
     cache = online_replay.EmbeddingCache(CachedEncoder(HashEncoder(16)), tmp_path)

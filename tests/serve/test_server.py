@@ -11,16 +11,16 @@ import re
 import threading
 import time
 
-import httpx
 import numpy as np
 import pytest
 
+httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
-from helpers import EXAMPLE  # noqa: E402
+from helpers import EXAMPLE, needs_extra  # noqa: E402
 
 import gemkernels as gk  # noqa: E402
 from gemkernels.compress.blocks import parse_history  # noqa: E402
@@ -328,6 +328,7 @@ def test_overrides_reach_gem_and_health():
 
 
 def test_serve_refuses_a_bad_override_before_starting(capsys):
+    needs_extra("embed")  # the default encoder
     from gemkernels.cli import main
 
     assert main(["serve", "--upstream", "http://127.0.0.1:9", "--set", "k=abc"]) == 2
@@ -368,7 +369,7 @@ def test_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrides, bac
     when the preset selects until tau); a failing warm-up is logged and serving goes on."""
     from starlette.testclient import TestClient
 
-    from gemkernels.serve import app
+    from gemkernels.serve import compressor
 
     calls = []
 
@@ -378,7 +379,7 @@ def test_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrides, bac
             raise RuntimeError("no compiler")
         return [(16, k)]
 
-    monkeypatch.setattr(app, "warm_up", warm_up)
+    monkeypatch.setattr(compressor, "warm_up", warm_up)
     config = ServerConfig(upstream="http://127.0.0.1:9", preset=preset, overrides=overrides, encoder="hash-64")
     with caplog.at_level(logging.INFO, logger="gemkernels.server"), TestClient(create_app(config)) as client:
         assert client.get("/healthz").status_code == 200

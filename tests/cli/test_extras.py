@@ -1,0 +1,82 @@
+"""Every subcommand parses on a core install and names the extra it needs before doing any work; the whole-run
+table of ``gem compress`` agrees with the online replay it summarises."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import EXAMPLE, FIXTURES
+
+from gemkernels.cli import SUBCOMMANDS, build_parser, extras, main
+
+NEEDS = {  # a command line, and the extra its first missing module belongs to
+    "compress": (["compress", str(EXAMPLE)], "embed"),
+    "serve": (["serve", "--upstream", "http://127.0.0.1:9", "--encoder", "hash"], "serve"),
+    "replay": (["replay", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "replay"),
+    "online": (["online", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "replay"),
+    "analyze": (["analyze", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "replay"),
+    "bench": (["bench", "--quick", "--out", "OUT"], "bench"),
+}
+
+
+def test_every_subcommand_is_registered_with_a_handler():
+    parser = build_parser()
+    assert set(NEEDS) == set(SUBCOMMANDS)
+    for name, (argv, _) in NEEDS.items():
+        args = parser.parse_args(argv)
+        assert args.command == name and callable(args.func)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS))
+def test_a_missing_extra_is_named_before_any_work(name, monkeypatch, capsys, tmp_path):
+    """With the extra's modules hidden, the subcommand exits 2 saying which install brings them, and writes
+    nothing (the output folder it was given does not appear)."""
+    argv, extra = NEEDS[name]
+    argv = [str(tmp_path / "out") if arg == "OUT" else arg for arg in argv]
+    hidden = set(extras.EXTRA_MODULES[extra])
+    real = extras.installed
+    monkeypatch.setattr(extras, "installed", lambda module: module not in hidden and real(module))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"gem {name} needs pip install 'gemkernels[{extra}]'" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_encoders_name_their_extras():
+    assert extras.encoder_extras("minilm") == ("embed",)
+    assert extras.encoder_extras("openai:text-embedding-3-small:256") == ("remote",)
+    assert extras.encoder_extras("hash-64") == ()
+
+
+def test_whole_run_table_is_the_online_replay_of_the_history(capsys):
+    """The table's ratios are those of `replay_run` over the same messages with the same encoder, and its advice
+    names the cheapest preset."""
+    pytest.importorskip("bpe_openai")
+    from gemkernels.compress.encoders import make_encoder
+    from gemkernels.compress.tokens import Prices
+    from gemkernels.evaluate.loaders import Run
+    from gemkernels.evaluate.online_policies import PolicyOptions
+    from gemkernels.evaluate.online_replay import relative, replay_run
+
+    assert main(["compress", str(EXAMPLE), "--encoder", "hash"]) == 0
+    err = capsys.readouterr().err
+    rows = {line.split()[0]: line.split()[1:] for line in err.splitlines() if line.startswith("  ")
+            and line.split()[0] in ("paper", "balanced", "core", "cache-aware")}
+    messages = json.loads(EXAMPLE.read_text())["messages"]
+    encoder = make_encoder("hash")
+    policies = ["full", "gem-paper", "gem-balanced", "gem-core", "gem-cache-aware"]
+    replayed = replay_run(Run("run", "openai", messages, None, ""), policies, PolicyOptions(prices=Prices(0.1)),
+                          encoder=lambda name: encoder, evidence=())
+    rel = relative(replayed.totals(), Prices(0.1))
+    for preset, (tokens, price, breaks) in rows.items():
+        assert float(tokens) == pytest.approx(rel[f"gem-{preset}"]["tokens"], abs=6e-4)
+        assert float(price) == pytest.approx(rel[f"gem-{preset}"]["price"], abs=6e-4)
+        assert int(breaks) == replayed.totals()[f"gem-{preset}"].prefix_breaks
+    cheapest = min(rows, key=lambda preset: float(rows[preset][1]))
+    assert f"choose: here {cheapest} costs least" in err
+
+
+def test_whole_run_table_can_be_left_out(capsys):
+    assert main(["compress", str(EXAMPLE), "--encoder", "hash", "--no-whole-run"]) == 0
+    assert "whole run" not in capsys.readouterr().err

@@ -1,0 +1,75 @@
+"""The backend registry and the `Backend` protocol: what each backend declares, how one is found, Triton options
+per thread or task, and the warm-up every backend answers the same way."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import gemkernels as gk
+from gemkernels.select import backends
+from gemkernels.select.api import warm_up
+from gemkernels.select.backends import BACKENDS, Backend, get_backend, unavailable_reason
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_every_backend_that_runs_follows_the_protocol(name):
+    reason = unavailable_reason(name)
+    if reason is not None:
+        with pytest.raises(gk.BackendUnavailableError, match=BACKENDS[name].extra or name):
+            get_backend(name)
+        return
+    module = get_backend(name)
+    assert isinstance(module, Backend)
+    x = np.eye(3, 5, dtype=np.float32) + 0.1
+    assert module.warm_up_shapes(5, 2, 64) == [] or all(rows >= 1 and k >= 0
+                                                        for rows, k in module.warm_up_shapes(5, 2, 64))
+    assert module.device(x) is None or module.LIBRARY == "torch"
+
+
+def test_a_missing_package_is_named_with_its_extra(monkeypatch):
+    real = backends.importlib.util.find_spec
+    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda m, *a: None if m == "numba" else real(m, *a))
+    assert unavailable_reason("numba") == "the numba backend needs numba: pip install 'gemkernels[numba]'"
+    with pytest.raises(gk.BackendUnavailableError, match=r"gemkernels\[numba\]"):
+        gk.select(np.eye(4, dtype=np.float32), backend="numba")
+
+
+def test_there_is_no_cupy_backend_and_the_name_says_where_cupy_runs():
+    assert "cupy" not in BACKENDS and "cupy" not in gk.available_backends()
+    with pytest.raises(ValueError, match="unknown backend 'cupy'.*CuPy arrays run zero-copy on triton"):
+        gk.select(np.eye(4, dtype=np.float32), backend="cupy")
+
+
+def test_backends_that_compile_nothing_warm_up_nothing():
+    assert warm_up("numpy", 16) == [] and warm_up("auto", 16) == []
+    if unavailable_reason("torch") is None:
+        assert warm_up("torch", 16) == []
+
+
+def test_triton_options_hold_for_one_thread_or_task_only():
+    """`using` in one thread leaves another thread's selections on the defaults (a module global swapped by a
+    benchmark used to reach every thread of a server)."""
+    triton_backend = pytest.importorskip("gemkernels.select.backends.triton_backend")
+    forced = triton_backend.TritonOptions(path="fused", resident=False)
+    seen: dict[str, object] = {}
+    inside, release = threading.Event(), threading.Event()
+
+    def forcing() -> None:
+        with triton_backend.using(forced):
+            seen["forcing"] = triton_backend.current_options()
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=forcing)
+    thread.start()
+    inside.wait(10)
+    seen["other"] = triton_backend.current_options()
+    release.set()
+    thread.join()
+    assert seen == {"forcing": forced, "other": triton_backend.TritonOptions()}
+    with triton_backend.using(forced):
+        assert triton_backend.current_options() == forced
+    assert triton_backend.current_options() == triton_backend.TritonOptions()
