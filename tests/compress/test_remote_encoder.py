@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("httpx")
-from gemkernels.compress.encoders import Encoder  # noqa: E402
+from gemkernels.compress.encoders import CachedEncoder, Encoder  # noqa: E402
 from gemkernels.compress.encoders.remote import OpenAIEmbeddingsEncoder  # noqa: E402
 
 KEY = "sk-test-secret-0123456789"
@@ -109,6 +109,15 @@ def test_dim_without_dimensions_comes_from_one_probe(server):
     enc = encoder(server)
     assert enc.dim == 4 and len(server.requests) == 1
     assert enc.encode([]).shape == (0, 4) and len(server.requests) == 1
+
+
+def test_wrappers_probe_the_width_only_when_it_is_read(server):
+    """A cache around the remote encoder takes its name and width from it when asked: building the cache sends
+    nothing, reading ``dim`` sends the one probe, encoding through the cache reuses what the probe learnt."""
+    cached = CachedEncoder(encoder(server))
+    assert server.requests == [] and cached.name == "fake-embed"
+    assert cached.dim == 4 and len(server.requests) == 1
+    assert cached.encode(["a", "a"]).shape == (2, 4) and len(server.requests) == 2
 
 
 def test_authorization_header_carries_the_environment_key(server, monkeypatch):

@@ -3,7 +3,7 @@ tokenizer is o200k (the call costs built on them: tests/evaluate/test_costs.py).
 
 import pytest
 
-from gemkernels.compress.tokens import Prices, TokenCache, serialise
+from gemkernels.compress.tokens import Prices, TextCache, TokenCache, serialise
 
 
 @pytest.mark.parametrize("cached, uncached", [(-0.1, 1.0), (0.5, 0.4), (0.0, 0.0)])
@@ -29,3 +29,19 @@ def test_default_tokenizer_is_o200k():
     cache = TokenCache()
     assert len(cache.text("hello world")) == 2
     assert cache.message({"role": "user", "content": "hi"}) == cache.text('{"role": "user", "content": "hi"}')
+
+
+def test_a_bounded_text_cache_forgets_the_least_recently_used_text():
+    """At most ``max_texts`` texts are remembered; a hit makes a text the most recent (the proxy's cache of the
+    messages outside blocks must not grow with every distinct system prompt it ever saw)."""
+    calls = []
+    cache = TextCache(lambda text: calls.append(text) or len(text), max_texts=2)
+    assert [cache("a"), cache("bb"), cache("a"), cache("ccc")] == [1, 2, 1, 3]  # "bb" is now the oldest
+    assert calls == ["a", "bb", "ccc"] and (cache.hits, cache.misses) == (1, 3)
+    cache("a")
+    cache("bb")
+    assert calls == ["a", "bb", "ccc", "bb"] and len(cache._values) == 2
+    unbounded = TextCache(len)
+    for i in range(100):
+        unbounded(str(i))
+    assert unbounded.misses == 100 and len(unbounded._values) == 100
