@@ -8,6 +8,7 @@ offline). `Prices` bills cached and uncached input tokens relative to a plain on
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -54,25 +55,28 @@ def serialise(message: Any) -> str:
 
 class TextCache(Generic[T]):
     """``fn(text)`` computed once per distinct text; at most ``max_texts`` remembered, least recently used out
-    first (None: every text, for a cache that lives as long as one run)."""
+    first (None: every text, for a cache that lives as long as one run). Safe to share between threads (a
+    server's workers): ``fn`` runs outside the lock, so two threads may compute the same new text once each."""
 
     def __init__(self, fn: Callable[[str], T], max_texts: int | None = None):
         self.fn, self.max_texts = fn, max_texts
         self._values: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()
         self.hits = self.misses = 0
 
     def __call__(self, text: str) -> T:
-        try:
-            value = self._values[text]
-        except KeyError:
+        with self._lock:
+            if text in self._values:
+                self.hits += 1
+                if self.max_texts is not None:
+                    self._values.move_to_end(text)
+                return self._values[text]
             self.misses += 1
-            value = self._values[text] = self.fn(text)
+        value = self.fn(text)
+        with self._lock:
+            self._values[text] = value
             if self.max_texts is not None and len(self._values) > self.max_texts:
                 self._values.popitem(last=False)
-            return value
-        self.hits += 1
-        if self.max_texts is not None:
-            self._values.move_to_end(text)
         return value
 
 

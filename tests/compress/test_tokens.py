@@ -45,3 +45,40 @@ def test_a_bounded_text_cache_forgets_the_least_recently_used_text():
     for i in range(100):
         unbounded(str(i))
     assert unbounded.misses == 100 and len(unbounded._values) == 100
+
+
+def test_a_bounded_text_cache_shared_by_threads_stays_consistent():
+    """The server's worker threads share GEM's cache of non-block token counts: interleaved hits, misses and
+    evictions must neither raise, nor lose a count, nor return another text's value. The counting function is
+    Python that yields, so threads switch while a miss is being computed (the cache computes outside its lock)."""
+    import sys
+    import threading
+    import time
+
+    def slow_len(text: str) -> int:
+        time.sleep(0)
+        return len(text)
+
+    cache = TextCache(slow_len, max_texts=2)
+    texts = ["a", "bb", "ccc", "dddd"]
+    errors: list[BaseException] = []
+
+    def hammer(seed: int) -> None:
+        try:
+            for i in range(20_000):
+                text = texts[(i * (seed + 1)) % len(texts)]
+                assert cache(text) == len(text)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=hammer, args=(s,)) for s in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == [] and len(cache._values) <= 2 and cache.hits + cache.misses == 6 * 20_000
