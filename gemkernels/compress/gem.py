@@ -111,15 +111,23 @@ class GEM:
         self.count_other_tokens = None if self.count_tokens is None else TextCache(self.count_tokens, max_texts=1024)
         self.select_fn = select_fn
 
-    def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None) -> Compressed:
-        """Compress one request; never raises for bad input, never mutates ``messages``."""
+    def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None,
+                 message_sizes: Sequence[int] | None = None) -> Compressed:
+        """Compress one request; never raises for bad input, never mutates ``messages``.
+
+        ``message_sizes``: the bytes each message takes in the body that will go out (a proxy forwarding the
+        client's bytes passes them), which the guard's budget and the stats' characters then count; default the
+        length of each message's JSON."""
         started = time.perf_counter()
         try:
             history = parse_history(messages)
         except BlockStructureError as err:
             return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
+        if message_sizes is not None and len(message_sizes) != len(history.messages):
+            return self._passthrough(messages, f"{len(message_sizes)} message sizes for {len(history.messages)} "
+                                     "messages", session_id, started)
         try:
-            return self._compress(history, session_id, goal, started)
+            return self._compress(history, session_id, goal, started, message_sizes)
         except Exception as err:  # the request must go out whatever happened here
             logger.exception("gemkernels: compression failed; forwarding the original request")
             return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
@@ -131,8 +139,8 @@ class GEM:
                                  seconds={"total": time.perf_counter() - started})
         return Compressed(messages, stats)
 
-    def _compress(self, history: History, session_id: str | None, goal: str | None,
-                  started: float) -> Compressed:
+    def _compress(self, history: History, session_id: str | None, goal: str | None, started: float,
+                  message_sizes: Sequence[int] | None) -> Compressed:
         cfg = self.config
         messages, spans = history.messages, history.spans
         n = len(spans)
@@ -158,7 +166,12 @@ class GEM:
 
         reason = reselection_reason(state, keys, goal_text, cfg)
         sizes = [block_tokens(info) for info in infos]
-        chars_before = request_chars(messages, history, infos)
+        if message_sizes is None:
+            block_chars = [info.chars for info in infos]
+            chars_before = request_chars(messages, history, infos)
+        else:
+            block_chars = [sum(message_sizes[p] for p in span.positions) for span in spans]
+            chars_before = sum(message_sizes)
         appended: set[int] = set()
         seen = len(state.block_keys) if state is not None else 0  # blocks of the last request
         if reason is None:
@@ -168,12 +181,12 @@ class GEM:
         select_started = time.perf_counter()
         rewrite: tuple[set[int], list[int], float] | None = None
         if reason is None and cfg.repay_factor is not None and could_repay(appended, seeds, sizes, cfg):
-            rewrite = self._rewrite(infos, embeddings, seeds, sizes, chars_before)
+            rewrite = self._rewrite(block_chars, embeddings, seeds, sizes, chars_before)
             reason = repay_reason(appended, rewrite[0], sizes, cfg)
         core: list[int] = []
         coverage = None
         if reason is not None:
-            forwarded, core, coverage = rewrite or self._rewrite(infos, embeddings, seeds, sizes, chars_before)
+            forwarded, core, coverage = rewrite or self._rewrite(block_chars, embeddings, seeds, sizes, chars_before)
             action, selected_at = RESELECTED, n
         else:
             forwarded, action = appended, APPENDED
@@ -195,14 +208,14 @@ class GEM:
             action, reason, session_id, blocks=n, protected=protected, core=core, coverage=coverage,
             forwarded_blocks=len(forwarded), removed_blocks=removed, messages_before=len(messages),
             messages_after=len(out), chars_before=chars_before,
-            chars_after=chars_before - sum(infos[b].chars for b in removed),
+            chars_after=chars_before - sum(block_chars[b] for b in removed),
             tokens_before=tokens_before, tokens_after=tokens_after, encoded_blocks=encoded,
             seconds={"encode": encode_seconds, "select": select_seconds,
                      "total": time.perf_counter() - started},
         )
         return Compressed(out, stats)
 
-    def _rewrite(self, infos: Sequence[BlockInfo], embeddings: np.ndarray, seeds: list[int], sizes: Sequence[int],
+    def _rewrite(self, block_chars: Sequence[int], embeddings: np.ndarray, seeds: list[int], sizes: Sequence[int],
                  total_chars: int) -> tuple[set[int], list[int], float]:
         """A global selection: (blocks to forward, selected core, its coverage). The core is the protected
         seeds plus residual completion, up to ``k`` blocks or, with ``keep_recent_size``, while its tokens fit
@@ -222,7 +235,7 @@ class GEM:
             core = to_numpy(sel.indices).tolist()
         in_core = set(core)
         removable = [b for b in range(n) if b not in in_core]
-        dropped = set(guarded_removals([info.chars for info in infos], removable, total_chars, cfg.delta))
+        dropped = set(guarded_removals(block_chars, removable, total_chars, cfg.delta))
         return set(range(n)) - dropped, core, sel.coverage
 
     def _block_infos(self, history: History, keys: Sequence[str],

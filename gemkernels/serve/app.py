@@ -1,7 +1,8 @@
 """``gem serve``: an OpenAI- and Anthropic-compatible proxy that compresses chat histories with GEM.
 
 Agents point their base URL at the proxy; each ``POST /v1/chat/completions`` or ``POST /v1/messages``
-reaches ``--upstream`` with its ``messages`` compressed and everything else as sent: other body
+reaches ``--upstream`` with its ``messages`` compressed and everything else as sent (the client's bytes with the
+removed blocks' elements cut out, nothing re-serialised: `gemkernels.serve.body`): other body
 fields, query string and headers (``Authorization`` included, never logged; hop-by-hop headers and
 ``X-GEM-Session`` are dropped). A request whose messages GEM leaves as they are, or whose body is not
 a JSON object with a ``messages`` list, is forwarded byte for byte. Responses, server-sent events
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -47,6 +47,7 @@ from starlette.routing import Route
 from gemkernels.compress.blocks import json_object
 from gemkernels.compress.gem import PASSTHROUGH
 from gemkernels.compress.sessions import request_session
+from gemkernels.serve.body import array_layout, element_sizes, forwarded_body
 from gemkernels.serve.compressor import Compressor, warm_up_kernels
 from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.metrics import Metrics
@@ -104,9 +105,18 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
             metrics.passthroughs.labels(reason).inc()
         else:
             messages = body["messages"]
-            result = await state["compressor"].compress(route, messages, session_of(request.headers, body))
+            layout = array_layout(raw, "messages")
+            sizes = element_sizes(layout) if layout is not None and len(layout.elements) == len(messages) else None
+            result = await state["compressor"].compress(route, messages, session_of(request.headers, body),
+                                                        message_sizes=sizes)
             if result is not None and len(result.messages) != len(messages):
-                content = json.dumps({**body, "messages": result.messages}, ensure_ascii=False).encode()
+                cut = None if sizes is None else forwarded_body(raw, layout, messages, result.messages)
+                if cut is None:  # the bytes do not line up with the parsed messages: send what the client sent
+                    logger.warning("gemkernels: could not cut the removed blocks out of the body; forwarding it "
+                                   "unchanged")
+                    metrics.passthroughs.labels("body_layout").inc()
+                else:
+                    content = cut
         return await forward(request, content)
 
     async def forward(request: Request, content: bytes) -> Response:

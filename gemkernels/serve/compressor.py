@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -55,8 +56,10 @@ class Compressor:
         """Compressions that could be inside GEM now (the batchers wait for no more than this)."""
         return max(1, min(self.pending, self.workers))
 
-    async def compress(self, route: str, messages: Any, session_id: str | None,
-                       goal: str | None = None) -> Compressed | None:
+    async def compress(self, route: str, messages: Any, session_id: str | None, goal: str | None = None,
+                       message_sizes: Sequence[int] | None = None) -> Compressed | None:
+        """`GEM.compress` in the pool (``message_sizes``: each message's bytes in the body that will go out); None
+        when the request must go out unchanged for a reason outside GEM."""
         if self.pending >= self.max_pending:
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
             self.metrics.passthroughs.labels("queue_full").inc()
@@ -65,7 +68,7 @@ class Compressor:
         self.metrics.pending.inc()
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._compress, messages, session_id, goal)
+                self.executor, self._compress, messages, session_id, goal, message_sizes)
         except Exception:
             logger.exception("gemkernels: compression crashed; forwarding the original request")
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
@@ -77,11 +80,12 @@ class Compressor:
         self.metrics.observe_compression(route, result)
         return result
 
-    def _compress(self, messages: Any, session_id: str | None, goal: str | None) -> Compressed:
+    def _compress(self, messages: Any, session_id: str | None, goal: str | None,
+                  message_sizes: Sequence[int] | None) -> Compressed:
         key = session_id if session_id is not None else json.dumps(messages[:2], default=str, sort_keys=True)
         stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little") % LOCK_STRIPES
         with self.locks[stripe]:
-            return self.gem.compress(messages, session_id=session_id, goal=goal)
+            return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes)
 
     def close(self) -> None:
         """Finish queued compressions, then stop the batchers."""

@@ -225,3 +225,29 @@ def test_token_counts_of_a_repeated_prefix_and_of_blocks_are_made_once():
     assert len(counted) == 2 + 20 * 2  # system and task once; each block's two messages once (block cache)
     others = gem.count_other_tokens
     assert others.misses == 2 and others.hits == 2 * 2  # the messages outside blocks: counted on the first request
+
+
+def test_the_guard_counts_the_bytes_that_go_out_when_given_them():
+    """A proxy forwards the client's bytes; a long non-ASCII system prompt is 3 UTF-8 bytes a character there but
+    6 in ASCII-escaped JSON. Measured as JSON, one rewrite removed more than ``delta`` of the bytes actually sent;
+    with the body's byte sizes it stays within the budget."""
+    from gemkernels.serve.body import array_layout, element_sizes, without_elements
+
+    messages = synthetic_history(40, seed=5)
+    messages[0] = {"role": "system", "content": "你是一个编程助手。" * 3000}
+    raw = json.dumps({"model": "m", "messages": messages}, ensure_ascii=False).encode()
+    layout = array_layout(raw, "messages")
+    sizes = element_sizes(layout)
+
+    def removed_bytes(**kw) -> int:
+        out = make_gem("paper").compress(messages, session_id="bytes", **kw)
+        kept = {id(m) for m in out.messages}
+        return len(raw) - len(without_elements(raw, layout, [i for i, m in enumerate(messages) if id(m) not in kept]))
+
+    budget = GEMConfig().delta * sum(sizes)
+    assert removed_bytes() > budget  # JSON-escaped sizes: the prompt looked twice its size
+    assert 0 < removed_bytes(message_sizes=sizes) <= budget
+    stats = make_gem("paper").compress(messages, session_id="b", message_sizes=sizes).stats
+    assert stats.chars_before == sum(sizes)
+    passthrough = make_gem("paper").compress(messages, message_sizes=sizes[:-1]).stats
+    assert passthrough.action == "passthrough" and "message sizes" in passthrough.reason

@@ -39,6 +39,7 @@ from gemkernels.serve.batching import (  # noqa: E402
     QueueFullError,
     SelectionBatcher,
 )
+from gemkernels.serve.body import array_layout  # noqa: E402
 from gemkernels.serve.client_wrap import wrap  # noqa: E402
 from gemkernels.testing.fake_upstream import HANG_S, FakeUpstream, ServerThread  # noqa: E402
 
@@ -94,6 +95,30 @@ def test_long_conversation_arrives_compressed_and_valid(upstream, proxy):
     assert all(m in MESSAGES for m in forwarded)
     assert got.headers["authorization"] == "Bearer sk-secret"
     assert reply.choices[0].message.content == f"got {len(forwarded)}"
+
+
+def test_the_forwarded_body_is_the_clients_bytes_minus_whole_messages(upstream, proxy):
+    """Number literals, duplicate keys, escapes, key order and whitespace reach the upstream as the client wrote
+    them (a re-serialised body sent ``1e400`` as ``Infinity``, which is not JSON, and collapsed duplicates)."""
+    fake, _ = upstream
+    listed = json.dumps(MESSAGES, indent=1, ensure_ascii=True)
+    raw = (b'{"model": "m",\n "temperature": 1e400, "temperature": 0.50, "n": 1.0E+2,\n "messages": '
+           + listed.encode() + b', "user": "caf\\u00e9"}')
+    reply = httpx.post(proxy + "/v1/chat/completions", content=raw, timeout=10,
+                       headers={"content-type": "application/json", "x-gem-session": "byte-exact"})
+    assert reply.status_code == 200
+    sent = last_received(fake).raw
+    layout = array_layout(raw, "messages")
+    head, tail = raw[:layout.open + 1], raw[layout.close:]
+    assert sent.startswith(head) and sent.endswith(tail) and len(sent) < len(raw)
+    kept = json.loads(sent)["messages"]
+    assert 0 < len(kept) < len(MESSAGES) and all(m in MESSAGES for m in kept)
+    at = 0
+    for a, b in layout.elements:  # every forwarded message is the client's bytes for it, in order
+        if json.loads(raw[a:b]) in kept[:1]:
+            at = sent.index(raw[a:b], at) + (b - a)
+            kept.pop(0)
+    assert kept == []
 
 
 def test_streaming_passes_through_unchanged(upstream, proxy):
