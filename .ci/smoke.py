@@ -63,8 +63,9 @@ def core() -> None:
     gem("compress", EXAMPLE, "--encoder", "hash", "--preset", "core")
     gem("compress", EXAMPLE, expect=2, says="pip install 'gemkernels[embed]'")
     gem("serve", "--upstream", "http://127.0.0.1:9", "--encoder", "hash", expect=2, says="pip install 'gemkernels[serve]'")
-    for command in ("replay", "online", "analyze"):
+    for command in ("replay", "analyze"):
         gem(command, FIXTURES, "--encoder", "hash", expect=2, says="pip install 'gemkernels[replay]'")
+    gem("online", FIXTURES, "--encoder", "hash", expect=2, says="pip install 'gemkernels[tokens]'")
     gem("bench", "--quick", expect=2, says="pip install 'gemkernels[bench]'")
     print(f"core: {time.perf_counter() - started:.1f} s")
 

@@ -6,7 +6,7 @@
 # sweep gets a --time-budget inside that, so results are written even when a stage runs long.
 #   1. python: the first of .venv/bin/python, python3, python that has torch with CUDA and triton;
 #      `pip install -e . --no-deps` only if `import gemkernels` fails (or finds another checkout).
-#   2. correctness: python -m pytest tests/select tests/kernels -x -q (every backend against the
+#   2. correctness: python -m pytest tests/select tests/kernels/test_kernels.py -x -q (every backend against the
 #      float64 reference on CUDA, bf16 included; the Gram kernel against float64).
 #   3. headline points (torch and every triton path, plus the -global greedy variants where n <= 256;
 #      python -m bench): S=4096 n=256 d=1024 b=16 bf16; then the Gram tile candidates at that shape
@@ -150,7 +150,7 @@ print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', tor
 if [ $SMOKE -eq 1 ]; then
     stage correctness 120 "$PY" -m pytest tests/select/test_contract.py -x -q -p no:cacheprovider -k "numpy and random"
 else
-    stage correctness 120 "$PY" -m pytest tests/select tests/kernels -x -q -p no:cacheprovider
+    stage correctness 120 "$PY" -m pytest tests/select tests/kernels/test_kernels.py -x -q -p no:cacheprovider
 fi
 
 # ---------------------------------------------------------------- 3. headline points, gram tiles, quick sweep

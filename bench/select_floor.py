@@ -13,7 +13,7 @@ c. CUDA only: each triton path (gram, fused, stepwise) against the torch backend
 d. CUDA only: the gram path's tile candidates (`kernels.gram.TILE_CANDIDATES`) at S=4096, n=256, d=1024, b=16: the Gram
    kernel against its byte and flop floors, the whole selection against reading X once.
 
-Contenders of one measurement are timed in interleaved rounds (`gemkernels.bench_timing.compare`), so the
+Contenders of one measurement are timed in interleaved rounds (`gemkernels.benchmark.timing.compare`), so the
 ratios hold up on a noisy machine. Every row is printed as markdown and appended as one JSON
 line (config, medians, ratios, versions, git commit, CPU, date) to DIR/results.jsonl.
 """

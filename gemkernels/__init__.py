@@ -10,32 +10,11 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from gemkernels.compress.config import PRESETS, GEMConfig
-from gemkernels.compress.evidence import EvidenceConfig
-from gemkernels.compress.gem import GEM, Compressed, CompressionStats
-from gemkernels.select.api import (
-    DEFAULT_EPS,
-    DEFAULT_K,
-    DEFAULT_TAU,
-    select,
-    select_batch,
-    select_ragged,
-)
-from gemkernels.select.backends import (
-    BACKENDS,
-    BackendUnavailableError,
-    available_backends,
-)
-from gemkernels.select.ragged import RaggedBatch
-from gemkernels.select.result import RaggedSelection, Selection
-
-__version__ = "0.1.0"
-
 
 def _alias_source_kernels() -> None:
     """``kernels/`` lives beside this package in a source checkout; an install maps it to ``gemkernels.kernels``
-    (pyproject.toml). Without an install, load it under that name from the checkout (the backends import it
-    when first used, after this ran)."""
+    (pyproject.toml). Without an install, load it under that name from the checkout (before anything below
+    imports it)."""
     init = Path(__file__).resolve().parent.parent / "kernels" / "__init__.py"
     if importlib.util.find_spec(f"{__name__}.kernels") is not None or not init.is_file():
         return
@@ -44,9 +23,22 @@ def _alias_source_kernels() -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    setattr(sys.modules[__name__], "kernels", module)
 
 
 _alias_source_kernels()
+
+# the selection package, callable as gemkernels.select.api.select
+from gemkernels import select  # noqa: E402
+from gemkernels.compress.config import PRESETS, GEMConfig  # noqa: E402
+from gemkernels.compress.evidence import EvidenceConfig  # noqa: E402
+from gemkernels.compress.gem import GEM, Compressed, CompressionStats  # noqa: E402
+from gemkernels.select.api import DEFAULT_EPS, DEFAULT_K, DEFAULT_TAU, select_batch, select_ragged  # noqa: E402
+from gemkernels.select.backends import BACKENDS, BackendUnavailableError, available_backends  # noqa: E402
+from gemkernels.select.ragged import RaggedBatch  # noqa: E402
+from gemkernels.select.result import RaggedSelection, Selection  # noqa: E402
+
+__version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS", "DEFAULT_EPS", "DEFAULT_K", "DEFAULT_TAU", "GEM", "PRESETS", "BackendUnavailableError",

@@ -31,7 +31,8 @@ def test_a_source_checkout_without_install_loads_kernels_as_gemkernels_kernels(t
     for folder in ("gemkernels", "kernels"):
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     numpy_home = Path(np.__file__).resolve().parents[1]  # site-packages, without its .pth files (python -S)
-    code = "import gemkernels, gemkernels.kernels as k, gemkernels.kernels.greedy_cpu as g; print(k.__file__)"
+    code = ("import gemkernels.kernels.greedy_cpu, gemkernels; k = gemkernels.kernels; "
+            "assert k.greedy_cpu is gemkernels.kernels.greedy_cpu; print(k.__file__)")
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{numpy_home}"})
     if "No module named 'numba'" in done.stderr:

@@ -3,7 +3,7 @@
 The grid crosses S (sessions), n (blocks per session), d, dtype, mode and backend; by default the issue's
 full grid (S = 8192 only on a GPU), ``--quick`` a small one, and ``-n/-d/-S/--dtype/--mode/--backend``
 replace any axis. Points run smallest X first. Each point times every backend on the same inputs
-(`gemkernels.bench_point`); ceilings (copy bandwidth, matrix-product rate) are measured once at the start.
+(`gemkernels.benchmark.point`); ceilings (copy bandwidth, matrix-product rate) are measured once at the start.
 
 Output in ``--out``: ``results.jsonl`` (one record per backend and point, appended as the sweep goes, plus
 ``note`` records for what was left out and why), then ``results.md`` and PNG plots rebuilt from the whole

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from gemkernels.cli.extras import encoder_extras, missing_extra, require
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
 from gemkernels.compress.encoders import ENCODER_HELP
+from gemkernels.compress.tokens import Prices
 
 if TYPE_CHECKING:
     from gemkernels.compress.encoders import Encoder
@@ -94,25 +95,23 @@ def summary(stats: CompressionStats, labels: dict[int, str]) -> str:
     return "\n".join(lines)
 
 
-def whole_run(messages: list[dict[str, Any]], goal: str | None, encoder: Encoder, cached_price: float) -> str:
+def whole_run(messages: list[dict[str, Any]], goal: str | None, encoder: Encoder, prices: Prices) -> str:
     """What each preset forwards over the whole history, model call by model call (each assistant turn answers
     the messages before it), against forwarding it all: o200k input tokens, price with a prompt cache, prefix
     breaks; and which preset to choose. Blocks are encoded once, by ``encoder``, for every preset."""
     if missing_extra("compress", "tokens") is not None:
         return "(the whole-run table counts o200k tokens: pip install 'gemkernels[tokens]')"
-    from gemkernels.compress.tokens import Prices
     from gemkernels.evaluate.loaders import Run
     from gemkernels.evaluate.online_policies import PolicyOptions
     from gemkernels.evaluate.online_replay import BASELINE, relative, replay_run
 
-    prices = Prices(cached=cached_price)
     policies = [BASELINE, *(f"gem-{preset}" for preset in WHOLE_RUN_PRESETS)]
     replayed = replay_run(Run("run", "openai", messages, goal, ""), policies, PolicyOptions(prices=prices),
                           encoder=lambda name: encoder, evidence=())
     totals = replayed.totals()
     rel = relative(totals, prices)
     lines = [f"whole run: {totals[BASELINE].calls} model calls; against forwarding the full history each time "
-             f"(o200k input tokens; a cached token costs {cached_price:g} of a plain one):",
+             f"(o200k input tokens; a cached token costs {prices.cached:g} of a plain one):",
              f"  {'preset':<14}{'tokens':>8}{'price':>8}{'prefix breaks':>15}"]
     for policy in policies:
         name = "full history" if policy == BASELINE else policy.removeprefix("gem-")
@@ -167,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         messages = messages[:starts[args.step]]
     try:
         config = with_overrides(args.preset, args.set)
+        prices = Prices(cached=args.price_cached)
     except ValueError as err:
         print(f"gem compress: {err}", file=sys.stderr)
         return 2
@@ -183,6 +183,6 @@ def run(args: argparse.Namespace) -> int:
     if args.stats:
         Path(args.stats).write_text(json.dumps(result.stats.to_dict(), indent=1))
     if args.whole_run and len(checkpoints(messages)) > 1:
-        print(whole_run(messages, args.goal or recorded_goal, gem.encoder, args.price_cached), file=sys.stderr)
+        print(whole_run(messages, args.goal or recorded_goal, gem.encoder, prices), file=sys.stderr)
     return 0
 

@@ -61,7 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """The ``online`` sub-command: replay, print the table, write the files; 2 on bad input or no run."""
-    if not require("online", "replay", *encoder_extras(args.encoder)):
+    if not require("online", "tokens", *encoder_extras(args.encoder)):
         return 2
     from gemkernels.compress.tokens import o200k_encode
     from gemkernels.evaluate.loaders import load_runs

@@ -13,7 +13,7 @@ checkpoint analyses the embedding ``a`` (d,) of the recorded next action.
   the cosine of a centred block and the action inside the low-energy subspace.
 - **Controlled replacement** (§4.3, C.3): from the whole available history, remove either the block
   with the highest ``A_i`` or a low-alignment block matched to it in representation, recency and
-  serialised length (`Tolerance`), and compare the two kept sets with `metrics.Targets`.
+  serialised length (`Tolerance`), and compare the two kept sets with `retention.Targets`.
 - **Greedy uncentred coverage counts** (§4.1): how many blocks `select_batch` needs to reach tau.
 - **Paired tests**: one-sided Wilcoxon signed-rank tests across runs with Holm-adjusted p-values.
 """

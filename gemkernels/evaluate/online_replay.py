@@ -12,7 +12,7 @@ Evidence at rewrites: for the policies named in ``evidence`` (default amortized 
 GEM's cache-aware preset), at every call whose request rewrites the previous one (a prefix
 break), the blocks kept are measured against the newest blocks of the same total o200k size:
 what each retains of the next recorded action's three most similar blocks (Top-3) and of the
-blocks it names (lexical references, `metrics.referenced_blocks`); means, and the paired
+blocks it names (lexical references, `retention.referenced_blocks`); means, and the paired
 difference kept − recent per rewrite with its standard error and the rewrites where it is
 better or worse.
 

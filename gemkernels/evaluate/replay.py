@@ -1,7 +1,7 @@
 """``gem replay``: offline checkpoint replay of recorded runs (paper §4.2, appendices C.2 and D).
 
 At every checkpoint (a history of t >= ``min_blocks`` blocks, before the recorded next action,
-block t) each selector keeps K blocks and `metrics.Targets` measures what the kept subset
+block t) each selector keeps K blocks and `retention.Targets` measures what the kept subset
 retains of the next action, the final block, the goal and the global geometry. The next action
 is used only for measuring. Embeddings are computed once per distinct text, in the main process,
 through an on-disk cache; checkpoints are replayed in parallel over runs.

@@ -52,7 +52,7 @@ from gemkernels.serve.compressor import Compressor, warm_up_kernels
 from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.metrics import Metrics
 
-logger = logging.getLogger("gemkernels.server")
+logger = logging.getLogger("gemkernels.serve")
 
 SESSION_HEADER = "x-gem-session"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",

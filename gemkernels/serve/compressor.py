@@ -22,7 +22,7 @@ from gemkernels.serve.batching import BatchingEncoder, SelectionBatcher
 from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.metrics import Metrics
 
-logger = logging.getLogger("gemkernels.server")
+logger = logging.getLogger("gemkernels.serve")
 
 LOCK_STRIPES = 64
 

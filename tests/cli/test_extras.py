@@ -14,7 +14,7 @@ NEEDS = {  # a command line, and the extra its first missing module belongs to
     "compress": (["compress", str(EXAMPLE)], "embed"),
     "serve": (["serve", "--upstream", "http://127.0.0.1:9", "--encoder", "hash"], "serve"),
     "replay": (["replay", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "replay"),
-    "online": (["online", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "replay"),
+    "online": (["online", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "tokens"),
     "analyze": (["analyze", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "replay"),
     "bench": (["bench", "--quick", "--out", "OUT"], "bench"),
 }
@@ -75,6 +75,12 @@ def test_whole_run_table_is_the_online_replay_of_the_history(capsys):
         assert int(breaks) == replayed.totals()[f"gem-{preset}"].prefix_breaks
     cheapest = min(rows, key=lambda preset: float(rows[preset][1]))
     assert f"choose: here {cheapest} costs least" in err
+
+
+def test_a_cached_price_out_of_range_is_refused_before_any_work(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert main(["compress", str(EXAMPLE), "--encoder", "hash", "--price-cached", "2", "-o", str(out)]) == 2
+    assert "prices must satisfy" in capsys.readouterr().err and not out.exists()
 
 
 def test_whole_run_table_can_be_left_out(capsys):

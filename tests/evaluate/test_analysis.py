@@ -1,4 +1,4 @@
-"""gemkernels.analysis and gem analyze on constructed data with known answers."""
+"""gemkernels.evaluate.analysis and gem analyze on constructed data with known answers."""
 
 from __future__ import annotations
 

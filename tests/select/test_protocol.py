@@ -11,14 +11,14 @@ import pytest
 import gemkernels as gk
 from gemkernels.select import backends
 from gemkernels.select.api import warm_up
-from gemkernels.select.backends import BACKENDS, Backend, get_backend, unavailable_reason
+from gemkernels.select.backends import BACKENDS, REGISTRY, Backend, get_backend, unavailable_reason
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
 def test_every_backend_that_runs_follows_the_protocol(name):
     reason = unavailable_reason(name)
     if reason is not None:
-        with pytest.raises(gk.BackendUnavailableError, match=BACKENDS[name].extra or name):
+        with pytest.raises(gk.BackendUnavailableError, match=REGISTRY[name].extra or name):
             get_backend(name)
         return
     module = get_backend(name)
@@ -35,6 +35,24 @@ def test_a_missing_package_is_named_with_its_extra(monkeypatch):
     assert unavailable_reason("numba") == "the numba backend needs numba: pip install 'gemkernels[numba]'"
     with pytest.raises(gk.BackendUnavailableError, match=r"gemkernels\[numba\]"):
         gk.select(np.eye(4, dtype=np.float32), backend="numba")
+
+
+def test_a_package_that_is_installed_but_does_not_import_leaves_its_backend_out(tmp_path, monkeypatch):
+    """A numba built for another numpy raises ImportError on import: the registry must list numba as unavailable
+    with that reason (not raise from `available_backends`), and auto must keep working."""
+    import sys
+
+    (tmp_path / "numba").mkdir()
+    (tmp_path / "numba" / "__init__.py").write_text('raise ImportError("Numba needs NumPy 2.2 or less")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in [m for m in sys.modules if m == "numba" or m.startswith("numba.")
+                   or m == "gemkernels.select.backends.numba_backend" or m.startswith("gemkernels.kernels.greedy_cpu")]:
+        monkeypatch.delitem(sys.modules, module)
+    assert "numba" not in gk.available_backends() and "numpy" in gk.available_backends()
+    assert "Numba needs NumPy 2.2 or less" in unavailable_reason("numba")
+    with pytest.raises(gk.BackendUnavailableError, match="does not import"):
+        gk.select(np.eye(4, dtype=np.float32), backend="numba")
+    assert len(gk.select(np.eye(4, dtype=np.float32) + 0.1, k=2).indices) == 2
 
 
 def test_there_is_no_cupy_backend_and_the_name_says_where_cupy_runs():

@@ -407,11 +407,11 @@ def test_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrides, bac
 
     monkeypatch.setattr(compressor, "warm_up", warm_up)
     config = ServerConfig(upstream="http://127.0.0.1:9", preset=preset, overrides=overrides, encoder="hash-64")
-    with caplog.at_level(logging.INFO, logger="gemkernels.server"), TestClient(create_app(config)) as client:
+    with caplog.at_level(logging.INFO, logger="gemkernels.serve"), TestClient(create_app(config)) as client:
         assert client.get("/healthz").status_code == 200
     expected_k = with_overrides(preset, overrides).k if k == "cfg.k" else None
     assert calls == [(backend, 64, expected_k)]
     assert f"compiled the {backend} selection kernels for sessions of up to 16 rows" in caplog.text
-    with caplog.at_level(logging.ERROR, logger="gemkernels.server"), TestClient(create_app(config)) as client:
+    with caplog.at_level(logging.ERROR, logger="gemkernels.serve"), TestClient(create_app(config)) as client:
         assert client.get("/healthz").status_code == 200
     assert f"could not compile the {backend} selection kernels" in caplog.text and len(calls) == 2

@@ -75,24 +75,36 @@ class BackendSpec:
     extra: str = ""
 
 
-BACKENDS = {
+REGISTRY = {
     "numpy": BackendSpec("numpy_backend"),
     "numba": BackendSpec("numba_backend", ("numba",), "numba"),
     "torch": BackendSpec("torch_backend", ("torch",), "torch"),
     "triton": BackendSpec("triton_backend", ("torch", "triton"), "triton"),
 }
+#: The backends by name, in the order `available_backends` lists them.
+BACKENDS = tuple(REGISTRY)
 
 
 def unavailable_reason(name: str) -> str | None:
-    """None when backend ``name`` can run here, else a sentence saying what is missing."""
-    spec = BACKENDS.get(name)
+    """None when backend ``name`` can run here, else a sentence saying what is missing: an unknown name, a package
+    that is not installed or fails to import (a numba built for another numpy, say), or the backend's own
+    condition (a GPU)."""
+    spec = REGISTRY.get(name)
     if spec is None:
         return (f"unknown backend {name!r}; choose one of {', '.join(('auto', *BACKENDS))} "
                 "(CuPy arrays run zero-copy on triton)")
-    missing = [package for package in spec.needs if importlib.util.find_spec(package) is None]
-    if missing:
-        return f"the {name} backend needs {' and '.join(missing)}: pip install 'gemkernels[{spec.extra}]'"
-    check: Callable[[], str | None] | None = getattr(_module(spec), "unavailable_reason", None)
+    for package in spec.needs:
+        if importlib.util.find_spec(package) is None:
+            return f"the {name} backend needs {package}: pip install 'gemkernels[{spec.extra}]'"
+        try:
+            importlib.import_module(package)
+        except ImportError as err:
+            return f"the {name} backend needs {package}, which is installed but does not import: {err}"
+    try:
+        module = _module(spec)
+    except ImportError as err:
+        return f"the {name} backend does not import here: {err}"
+    check: Callable[[], str | None] | None = getattr(module, "unavailable_reason", None)
     return check() if check is not None else None
 
 
@@ -118,8 +130,8 @@ def get_backend(name: str) -> Backend:
     """Backend ``name`` imported, or ValueError (unknown) / `BackendUnavailableError` saying what is missing."""
     reason = unavailable_reason(name)
     if reason is not None:
-        raise (ValueError if name not in BACKENDS else BackendUnavailableError)(reason)
-    return _module(BACKENDS[name])
+        raise (ValueError if name not in REGISTRY else BackendUnavailableError)(reason)
+    return _module(REGISTRY[name])
 
 
 def _module(spec: BackendSpec) -> Any:
