@@ -281,6 +281,6 @@ def json_object(text: str | bytes) -> dict[str, Any] | None:
     """``text`` parsed as a JSON object, or None when it is not one (a raw command, a non-JSON body)."""
     try:
         value = json.loads(text)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return None
     return value if isinstance(value, dict) else None

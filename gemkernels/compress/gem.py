@@ -123,6 +123,9 @@ class GEM:
             history = parse_history(messages)
         except BlockStructureError as err:
             return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
+        except (TypeError, ValueError, RecursionError) as err:  # e.g. an id that is a list: not a history we know
+            return self._passthrough(messages, f"invalid structure: {type(err).__name__}: {err}", session_id,
+                                     started)
         if message_sizes is not None and len(message_sizes) != len(history.messages):
             return self._passthrough(messages, f"{len(message_sizes)} message sizes for {len(history.messages)} "
                                      "messages", session_id, started)

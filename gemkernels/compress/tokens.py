@@ -38,14 +38,40 @@ class Prices:
         return cached * self.cached + uncached * self.uncached
 
 
+#: bpe-openai refuses a text of more than about 200,000 tokens (and some long runs without a break); a longer
+#: text is tokenised in pieces of at most this many characters, cut after whitespace where there is some.
+PIECE_CHARS = 100_000
+
+
 @cache
 def o200k_encode() -> Encode:
-    """The o200k_base ``encode_ordinary`` of ``bpe-openai`` (offline, built once); ImportError naming the extra."""
+    """The o200k_base ``encode_ordinary`` of ``bpe-openai`` (offline, built once), for texts of any length (long
+    ones in pieces: the count may differ from one whole-text encoding by a token per cut); ImportError naming the
+    extra."""
     try:
         import bpe_openai
     except ImportError as err:
         raise ImportError("token accounting needs pip install 'gemkernels[tokens]' (bpe-openai)") from err
-    return bpe_openai.get_encoding("o200k_base").encode_ordinary
+    encode = bpe_openai.get_encoding("o200k_base").encode_ordinary
+
+    def encode_any_length(text: str) -> Sequence[int]:
+        if len(text) <= PIECE_CHARS:
+            return encode(text)
+        return [token for piece in pieces(text, PIECE_CHARS) for token in encode(piece)]
+
+    return encode_any_length
+
+
+def pieces(text: str, size: int) -> list[str]:
+    """``text`` cut into consecutive pieces of at most ``size`` characters, each ending after whitespace when its
+    last half has some."""
+    out, at = [], 0
+    while len(text) - at > size:
+        cut = max(text.rfind(" ", at + size // 2, at + size), text.rfind("\n", at + size // 2, at + size))
+        cut = at + size if cut < 0 else cut + 1
+        out.append(text[at:cut])
+        at = cut
+    return out + [text[at:]]
 
 
 def serialise(message: Any) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -72,8 +73,20 @@ def upstream_url(base: str, path: str) -> str:
     return base + path
 
 
+class AsciiJSONResponse(JSONResponse):
+    """The proxy's own JSON answers, ASCII-escaped: a client's lone surrogate (``"\\ud800"``) echoed back stays
+    valid JSON instead of failing to encode as UTF-8."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def error_response(status: int, kind: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
+    return AsciiJSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
+
+
+#: Headers httpx adds to every request by default; the upstream must see only what the client sent.
+HTTPX_DEFAULT_HEADERS = ("accept", "accept-encoding", "user-agent")
 
 
 def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
@@ -86,6 +99,8 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         timeout = httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0))
         state["client"] = httpx.AsyncClient(timeout=timeout, transport=transport,
                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        for name in HTTPX_DEFAULT_HEADERS:
+            del state["client"].headers[name]
         state["compressor"] = Compressor(config, metrics)
         await asyncio.get_running_loop().run_in_executor(None, warm_up_kernels, state["compressor"])
         try:
@@ -121,7 +136,8 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
 
     async def forward(request: Request, content: bytes) -> Response:
         client: httpx.AsyncClient = state["client"]
-        headers = [(k, v) for k, v in request.headers.items() if k not in HOP_BY_HOP and k != SESSION_HEADER]
+        headers = [(k, v) for k, v in request.headers.raw  # bytes as sent: values need not be ASCII
+                   if k.decode("latin-1").lower() not in HOP_BY_HOP | {SESSION_HEADER}]
         upstream = client.build_request(request.method, upstream_url(config.upstream, request.url.path),
                                         params=request.query_params, headers=headers, content=content)
         try:
@@ -138,8 +154,8 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
             metrics.upstream_errors.labels(f"status_{response.status_code}").inc()
         relayed = StreamingResponse(relay(response), status_code=response.status_code,
                                     background=BackgroundTask(response.aclose))
-        relayed.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.multi_items()
-                               if k not in HOP_BY_HOP - {"content-length"}]  # repeated headers kept as sent
+        relayed.raw_headers = [(k, v) for k, v in response.headers.raw  # bytes as sent, repeated headers kept
+                               if k.decode("latin-1").lower() not in HOP_BY_HOP - {"content-length"}]
         return relayed
 
     async def relay(response: httpx.Response) -> AsyncIterator[bytes]:
@@ -161,11 +177,11 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         result = await state["compressor"].compress(request.url.path, body["messages"], session,
                                                     goal if isinstance(goal, str) else None)
         if result is None:
-            return JSONResponse({"messages": body["messages"], "stats": None})
-        return JSONResponse({"messages": result.messages, "stats": result.stats.to_dict()})
+            return AsciiJSONResponse({"messages": body["messages"], "stats": None})
+        return AsciiJSONResponse({"messages": result.messages, "stats": result.stats.to_dict()})
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "upstream": config.upstream, "preset": config.preset,
+        return AsciiJSONResponse({"status": "ok", "upstream": config.upstream, "preset": config.preset,
                              "overrides": list(config.overrides), "encoder": config.encoder})
 
     async def metrics_endpoint(request: Request) -> Response:

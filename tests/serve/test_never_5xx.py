@@ -1,0 +1,126 @@
+"""Requests the proxy could forward are forwarded, never answered with a 5xx of its own: bodies it cannot read or
+compress go out byte for byte with the reason in the metrics, header bytes pass both ways as sent, and nothing is
+added to what the client sent (the ASGI app in process, the upstream an httpx MockTransport)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("prometheus_client")
+httpx = pytest.importorskip("httpx")
+from helpers import EXAMPLE  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from gemkernels import GEM  # noqa: E402
+from gemkernels.serve.app import create_app  # noqa: E402
+from gemkernels.serve.config import ServerConfig  # noqa: E402
+
+MESSAGES = json.loads(EXAMPLE.read_text())["messages"]
+JSON = {"content-type": "application/json"}
+
+
+@pytest.fixture
+def proxy():
+    """(client, the requests the upstream received); the client adds no headers of its own."""
+    received: list[httpx.Request] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        received.append(request)
+        return httpx.Response(200, json={"ok": True})
+
+    app = create_app(ServerConfig(upstream="http://upstream/v1", preset="core", encoder="hash"),
+                     transport=httpx.MockTransport(upstream))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for name in ("accept", "accept-encoding", "user-agent"):
+            client.headers.pop(name, None)
+        yield client, received
+
+
+def passthroughs(client: TestClient) -> str:
+    return "\n".join(line for line in client.get("/metrics").text.splitlines() if line.startswith("gem_passthroughs"))
+
+
+@pytest.mark.parametrize("case", ["nested-3000-deep", "lone-surrogate-escaped", "lone-surrogate-raw-bytes",
+                                  "tool-call-id-a-list"])
+def test_bodies_it_cannot_compress_go_out_byte_for_byte(proxy, case):
+    client, received = proxy
+    messages = json.loads(json.dumps(MESSAGES))
+    if case == "nested-3000-deep":
+        raw = b'{"model": "m", "messages": ' + b"[" * 3000 + b"]" * 3000 + b"}"
+    elif case == "lone-surrogate-escaped":
+        messages[2]["content"] = "x\ud800y"
+        raw = json.dumps({"model": "m", "messages": messages}).encode()
+    elif case == "lone-surrogate-raw-bytes":  # ED A0 80: a surrogate encoded as UTF-8, which is not UTF-8
+        messages[1]["content"] = "MARK " + messages[1]["content"]
+        raw = json.dumps({"model": "m", "messages": messages}).encode().replace(b"MARK", b"\xed\xa0\x80", 1)
+    else:
+        messages[3]["tool_call_id"] = ["call", 1]
+        raw = json.dumps({"model": "m", "messages": messages}).encode()
+    reply = client.post("/v1/chat/completions", content=raw, headers=JSON)
+    assert reply.status_code == 200 and received[-1].content == raw
+    assert passthroughs(client)  # the reason is counted
+
+
+def test_the_compress_endpoint_answers_valid_json_for_a_lone_surrogate(proxy):
+    client, _ = proxy
+    messages = json.loads(json.dumps(MESSAGES))
+    messages[2]["content"] = "x\ud800y"
+    reply = client.post("/v1/gem/compress", content=json.dumps({"messages": messages}).encode(), headers=JSON)
+    assert reply.status_code == 200 and json.loads(reply.content)["messages"][2]["content"] == "x\ud800y"
+
+
+def test_header_bytes_pass_both_ways_as_sent_and_nothing_is_added():
+    """Over real sockets (the in-process test client cannot carry non-ASCII header bytes): a UTF-8 request header
+    and a UTF-8 response header arrive as the same bytes; no Accept-Encoding, Accept or User-Agent is added."""
+    pytest.importorskip("uvicorn")
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from gemkernels.testing.fake_upstream import ServerThread
+
+    received: list[tuple[list[tuple[bytes, bytes]], bytes]] = []
+
+    async def chat(request):
+        received.append((request.headers.raw, await request.body()))
+        reply = Response(b'{"ok": true}', media_type="application/json")
+        reply.raw_headers.append((b"x-reply", "réponse ✓".encode()))
+        return reply
+
+    upstream = ServerThread(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+    server = ServerThread(create_app(ServerConfig(upstream=upstream.url + "/v1", preset="core", encoder="hash")))
+    try:
+        with httpx.Client() as client:
+            for name in ("accept", "accept-encoding", "user-agent"):
+                client.headers.pop(name, None)
+            reply = client.post(server.url + "/v1/chat/completions", json={"model": "m", "messages": MESSAGES[:4]},
+                                headers=[(b"x-note", "café ✓".encode()), (b"authorization", b"Bearer sk-1")])
+    finally:
+        server.stop()
+        upstream.stop()
+    assert reply.status_code == 200 and reply.json() == {"ok": True}
+    sent = dict(received[-1][0])
+    assert sent[b"x-note"] == "café ✓".encode() and sent[b"authorization"] == b"Bearer sk-1"
+    assert not {b"accept-encoding", b"user-agent", b"accept"} & set(sent)
+    assert dict(reply.headers.raw)[b"x-reply"] == "réponse ✓".encode()
+
+
+def test_a_message_longer_than_the_tokenizer_takes_is_counted_in_pieces():
+    """bpe-openai refuses a text of more than 200,000 tokens; such an output disabled compression for the rest of
+    the session (every request failed counting the same block)."""
+    pytest.importorskip("bpe_openai")
+    from gemkernels.compress.tokens import o200k_encode, pieces
+
+    messages = json.loads(json.dumps(MESSAGES))
+    messages[5]["content"] = "ab cd " * 200_000  # 400,000 tokens
+    gem = GEM("core", encoder="hash")
+    for _ in range(2):
+        stats = gem.compress(messages, session_id="long").stats
+        assert stats.action in ("reselected", "appended") and stats.tokens_before > 400_000, stats.reason
+    text = "word " * 50_000 + "x" * 250_000
+    cut = pieces(text, 100_000)
+    assert "".join(cut) == text and all(len(p) <= 100_000 for p in cut) and cut[0].endswith(" ")
+    assert len(o200k_encode()(text)) > 0
