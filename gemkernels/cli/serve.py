@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -28,6 +29,12 @@ def add_parser(subparsers: Any) -> None:
                    help="compressions queued or running before requests go out uncompressed (default %(default)s)")
     p.add_argument("--max-sessions", type=int, default=10_000, help="default %(default)s")
     p.add_argument("--timeout", type=float, default=600.0, help="upstream timeout in seconds (default %(default)s)")
+    p.add_argument("--max-body-mb", type=float, default=64, help="largest request body, in MiB; larger ones get a 413 "
+                                                                 "(default %(default)s)")
+    p.add_argument("--no-compress-endpoint", dest="compress_endpoint", action="store_false",
+                   help="do not serve POST /v1/gem/compress")
+    p.add_argument("--compress-token-env", metavar="NAME",
+                   help="serve POST /v1/gem/compress only to callers sending X-GEM-Token equal to $NAME")
     p.set_defaults(func=run)
 
 
@@ -45,9 +52,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"gem serve: {err}", file=sys.stderr)
         return 2
+    if args.compress_token_env and not os.environ.get(args.compress_token_env):
+        print(f"gem serve: --compress-token-env names ${args.compress_token_env}, which is not set (or empty)",
+              file=sys.stderr)
+        return 2
     config = ServerConfig(upstream=args.upstream, preset=args.preset, overrides=tuple(args.set), encoder=args.encoder,
                           max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, workers=args.workers,
-                          max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout)
+                          max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout,
+                          max_body_bytes=int(args.max_body_mb * (1 << 20)), compress_endpoint=args.compress_endpoint,
+                          compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)
     logging.getLogger("gemkernels").setLevel(logging.INFO)
     uvicorn.run(create_app(config), host=args.host, port=args.port, timeout_graceful_shutdown=60,
                 log_level="info")

@@ -112,8 +112,11 @@ class GEM:
         self.select_fn = select_fn
 
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None,
-                 message_sizes: Sequence[int] | None = None) -> Compressed:
+                 message_sizes: Sequence[int] | None = None, tenant: str | None = None) -> Compressed:
         """Compress one request; never raises for bad input, never mutates ``messages``.
+
+        ``tenant``: whose session this is (a proxy passes a hash of the caller's credential): sessions of two
+        tenants never meet, whatever session ids they send.
 
         ``message_sizes``: the bytes each message takes in the body that will go out (a proxy forwarding the
         client's bytes passes them), which the guard's budget and the stats' characters then count; default the
@@ -130,7 +133,7 @@ class GEM:
             return self._passthrough(messages, f"{len(message_sizes)} message sizes for {len(history.messages)} "
                                      "messages", session_id, started)
         try:
-            return self._compress(history, session_id, goal, started, message_sizes)
+            return self._compress(history, session_id, goal, started, message_sizes, tenant)
         except Exception as err:  # the request must go out whatever happened here
             logger.exception("gemkernels: compression failed; forwarding the original request")
             return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
@@ -143,11 +146,12 @@ class GEM:
         return Compressed(messages, stats)
 
     def _compress(self, history: History, session_id: str | None, goal: str | None, started: float,
-                  message_sizes: Sequence[int] | None) -> Compressed:
+                  message_sizes: Sequence[int] | None, tenant: str | None) -> Compressed:
         cfg = self.config
         messages, spans = history.messages, history.spans
         n = len(spans)
         session_id = session_id or prefix_session_id(history)
+        store_key = session_id if tenant is None else f"{tenant}\x1f{session_id}"
         if n < cfg.min_blocks:
             stats = CompressionStats(UNCHANGED, f"{n} complete blocks, fewer than {cfg.min_blocks}", session_id,
                                      blocks=n, messages_before=len(messages), messages_after=len(messages))
@@ -155,7 +159,7 @@ class GEM:
             return Compressed(messages, stats)
 
         goal_text = goal if goal is not None else history.task_text(cfg.goal_from)
-        state = self.store.get(session_id)
+        state = self.store.get(store_key)
         keys = tuple(block_identity(messages, span) for span in spans)
         cache = state.block_cache if state is not None else {}
         encode_started = time.perf_counter()
@@ -198,7 +202,7 @@ class GEM:
         select_seconds = time.perf_counter() - select_started
 
         out = reconstruct(history, forwarded)
-        self.store.put(session_id, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text,
+        self.store.put(store_key, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text,
                                                 selected_at, {key: cache[key] for key in keys}))
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -58,6 +60,42 @@ logger = logging.getLogger("gemkernels.serve")
 SESSION_HEADER = "x-gem-session"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length"})
+
+
+#: Request headers that carry a credential, in the order the tenant is read from.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
+
+
+def tenant_of(headers: Mapping[str, str]) -> str:
+    """Whose sessions a request reaches: a hash of its credential (``Authorization``, else ``x-api-key``, else
+    ``api-key``), so that a client can neither overwrite nor probe another's sessions; ``anonymous`` without one."""
+    for name in CREDENTIAL_HEADERS:
+        value = headers.get(name)
+        if value:
+            return hashlib.sha256(value.encode("latin-1")).hexdigest()[:24]
+    return "anonymous"
+
+
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it passes ``limit`` bytes (declared or streamed: never more is held)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(limit: int) -> Response:
+    """413 for a body past ``limit``; the connection closes, since the rest of the body was not read."""
+    response = error_response(413, "request_too_large", f"the request body is larger than {limit} bytes "
+                              "(gem serve --max-body-mb raises the limit)")
+    response.headers["connection"] = "close"
+    return response
 
 
 def session_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
@@ -111,7 +149,10 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
 
     async def proxy(request: Request) -> Response:
         route = request.url.path
-        raw = await request.body()
+        raw = await read_body(request, config.max_body_bytes)
+        if raw is None:
+            metrics.requests.labels(route, "refused").inc()
+            return too_large(config.max_body_bytes)
         body = json_object(raw)
         content = raw
         if body is None or not isinstance(body.get("messages"), list):
@@ -123,7 +164,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
             layout = array_layout(raw, "messages")
             sizes = element_sizes(layout) if layout is not None and len(layout.elements) == len(messages) else None
             result = await state["compressor"].compress(route, messages, session_of(request.headers, body),
-                                                        message_sizes=sizes)
+                                                        message_sizes=sizes, tenant=tenant_of(request.headers))
             if result is not None and len(result.messages) != len(messages):
                 cut = None if sizes is None else forwarded_body(raw, layout, messages, result.messages)
                 if cut is None:  # the bytes do not line up with the parsed messages: send what the client sent
@@ -168,14 +209,23 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
             raise
 
     async def compress_only(request: Request) -> Response:
-        body = json_object(await request.body())
+        if not config.compress_endpoint:
+            return error_response(404, "not_found", "POST /v1/gem/compress is switched off on this proxy")
+        if config.compress_token is not None and not hmac.compare_digest(
+                request.headers.get("x-gem-token", "").encode("latin-1"), config.compress_token.encode()):
+            return error_response(401, "unauthorized", "POST /v1/gem/compress needs this proxy's X-GEM-Token")
+        raw = await read_body(request, config.max_body_bytes)
+        if raw is None:
+            return too_large(config.max_body_bytes)
+        body = json_object(raw)
         if body is None or not isinstance(body.get("messages"), list):
             return error_response(400, "invalid_request", "the body must be a JSON object with a 'messages' list")
         goal, session = body.get("goal"), body.get("session_id")
         if not isinstance(session, str):
             session = session_of(request.headers, body)
         result = await state["compressor"].compress(request.url.path, body["messages"], session,
-                                                    goal if isinstance(goal, str) else None)
+                                                    goal if isinstance(goal, str) else None,
+                                                    tenant=tenant_of(request.headers))
         if result is None:
             return AsciiJSONResponse({"messages": body["messages"], "stats": None})
         return AsciiJSONResponse({"messages": result.messages, "stats": result.stats.to_dict()})

@@ -57,9 +57,10 @@ class Compressor:
         return max(1, min(self.pending, self.workers))
 
     async def compress(self, route: str, messages: Any, session_id: str | None, goal: str | None = None,
-                       message_sizes: Sequence[int] | None = None) -> Compressed | None:
-        """`GEM.compress` in the pool (``message_sizes``: each message's bytes in the body that will go out); None
-        when the request must go out unchanged for a reason outside GEM."""
+                       message_sizes: Sequence[int] | None = None, tenant: str | None = None) -> Compressed | None:
+        """`GEM.compress` in the pool (``message_sizes``: each message's bytes in the body that will go out;
+        ``tenant``: whose sessions these are); None when the request must go out unchanged for a reason outside
+        GEM."""
         if self.pending >= self.max_pending:
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
             self.metrics.passthroughs.labels("queue_full").inc()
@@ -68,7 +69,7 @@ class Compressor:
         self.metrics.pending.inc()
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._compress, messages, session_id, goal, message_sizes)
+                self.executor, self._compress, messages, session_id, goal, message_sizes, tenant)
         except Exception:
             logger.exception("gemkernels: compression crashed; forwarding the original request")
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
@@ -81,11 +82,13 @@ class Compressor:
         return result
 
     def _compress(self, messages: Any, session_id: str | None, goal: str | None,
-                  message_sizes: Sequence[int] | None) -> Compressed:
+                  message_sizes: Sequence[int] | None, tenant: str | None) -> Compressed:
         key = session_id if session_id is not None else json.dumps(messages[:2], default=str, sort_keys=True)
+        key = f"{tenant}\x1f{key}"
         stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little") % LOCK_STRIPES
         with self.locks[stripe]:
-            return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes)
+            return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
+                                     tenant=tenant)
 
     def close(self) -> None:
         """Finish queued compressions, then stop the batchers."""

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ServerConfig:
     """Everything ``gem serve`` needs; ``upstream`` is the API root (``http://host:port`` or ``.../v1``);
-    ``overrides`` are ``field=value`` items applied to the preset (`config.with_overrides`)."""
+    ``overrides`` are ``field=value`` items applied to the preset (`config.with_overrides`); ``max_body_bytes``
+    bounds a request body (413 past it); ``compress_endpoint`` serves ``POST /v1/gem/compress``, and with
+    ``compress_token`` only to callers that send it as ``X-GEM-Token``."""
 
     upstream: str
     preset: str = "paper"
@@ -20,3 +22,6 @@ class ServerConfig:
     max_pending: int = 1024
     max_sessions: int = 10_000
     timeout: float = 600.0
+    max_body_bytes: int = 64 << 20
+    compress_endpoint: bool = True
+    compress_token: str | None = None

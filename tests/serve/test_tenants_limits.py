@@ -1,0 +1,74 @@
+"""Tenants and limits: sessions are keyed by the caller's credential as well as the session id, the compress
+endpoint can be switched off or put behind a token, and a body past the limit gets a 413 without being held."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("prometheus_client")
+httpx = pytest.importorskip("httpx")
+from helpers import EXAMPLE  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from gemkernels.serve.app import create_app, tenant_of  # noqa: E402
+from gemkernels.serve.config import ServerConfig  # noqa: E402
+
+MESSAGES = json.loads(EXAMPLE.read_text())["messages"]
+
+
+def client_for(received: list | None = None, **config) -> TestClient:
+    def upstream(request: httpx.Request) -> httpx.Response:
+        if received is not None:
+            received.append(request)
+        return httpx.Response(200, json={"ok": True})
+
+    app = create_app(ServerConfig(upstream="http://upstream/v1", encoder="hash", preset="paper", **config),
+                     transport=httpx.MockTransport(upstream))
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_a_tenant_cannot_overwrite_another_tenants_session():
+    """A and B send the same ``X-GEM-Session`` with their own keys: B's unrelated history between A's two requests
+    leaves A on the append path (one session store for both made A reselect: 'history is not an extension')."""
+    other = json.loads(json.dumps(MESSAGES))
+    for m in other[2:]:
+        if isinstance(m.get("content"), str):
+            m["content"] = "other tenant: " + m["content"]
+    with client_for() as client:
+        def compress(key: str, messages: list) -> dict:
+            reply = client.post("/v1/gem/compress", json={"messages": messages},
+                                headers={"authorization": f"Bearer {key}", "x-gem-session": "shared"})
+            return reply.json()["stats"]
+
+        assert compress("sk-a", MESSAGES[:-4])["action"] == "reselected"
+        assert compress("sk-b", other)["action"] == "reselected"
+        again = compress("sk-a", MESSAGES)
+        assert again["action"] == "appended", again["reason"]
+    assert tenant_of({"authorization": "Bearer sk-a"}) != tenant_of({"authorization": "Bearer sk-b"})
+    assert tenant_of({"x-api-key": "k"}) == tenant_of({"x-api-key": "k"}) != tenant_of({}) == "anonymous"
+
+
+def test_the_compress_endpoint_can_be_switched_off_or_put_behind_a_token():
+    body = {"messages": MESSAGES}
+    with client_for(compress_endpoint=False) as client:
+        assert client.post("/v1/gem/compress", json=body).status_code == 404
+    with client_for(compress_token="t0k3n") as client:
+        assert client.post("/v1/gem/compress", json=body).status_code == 401
+        assert client.post("/v1/gem/compress", json=body, headers={"x-gem-token": "wrong"}).status_code == 401
+        assert client.post("/v1/gem/compress", json=body, headers={"x-gem-token": "t0k3n"}).status_code == 200
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_past_the_limit_gets_a_413_and_is_not_forwarded(declared):
+    received: list = []
+    raw = json.dumps({"model": "m", "messages": MESSAGES}).encode()
+    with client_for(received, max_body_bytes=len(raw) - 1) as client:
+        content = raw if declared else iter([raw[:1000], raw[1000:]])  # a generator: sent chunked, no length
+        reply = client.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+        assert reply.status_code == 413 and reply.json()["error"]["type"] == "request_too_large"
+        assert reply.headers["connection"] == "close" and received == []
+        small = json.dumps({"model": "m", "messages": MESSAGES[:4]}).encode()
+        assert client.post("/v1/chat/completions", content=small).status_code == 200 and len(received) == 1
