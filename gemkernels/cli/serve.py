@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gemkernels.compress.config import with_overrides
     from gemkernels.serve.app import ServerConfig, create_app
+    from gemkernels.serve.redact import QueryCredentialFilter
 
     try:
         with_overrides(args.preset, args.set)
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
                           max_body_bytes=int(args.max_body_mb * (1 << 20)), compress_endpoint=args.compress_endpoint,
                           compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)
     logging.getLogger("gemkernels").setLevel(logging.INFO)
+    logging.getLogger("uvicorn.access").addFilter(QueryCredentialFilter())
     uvicorn.run(create_app(config), host=args.host, port=args.port, timeout_graceful_shutdown=60,
                 log_level="info")
     return 0

@@ -139,7 +139,7 @@ class GEM:
             return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
 
     def _passthrough(self, messages: Any, reason: str, session_id: str | None, started: float) -> Compressed:
-        logger.warning("gemkernels: forwarding unchanged: %s", reason)
+        logger.info("gemkernels: forwarding unchanged: %s", reason)  # info: a reason can quote a client's ids
         count = len(messages) if isinstance(messages, (list, tuple)) else 0
         stats = CompressionStats(PASSTHROUGH, reason, session_id, messages_before=count, messages_after=count,
                                  seconds={"total": time.perf_counter() - started})

@@ -22,7 +22,8 @@ Contracts (DESIGN.md §5):
   start-up, not on the first requests (`gemkernels.select.api.warm_up`).
 
 Also ``POST /v1/gem/compress`` (``{"messages", "session_id"?, "goal"?}`` -> ``{"messages", "stats"}``,
-400 for a malformed body), ``GET /healthz`` and ``GET /metrics`` (Prometheus text).
+400 for a malformed body), ``GET /healthz`` (the process answers), ``GET /readyz`` (the encoder is loaded and
+the upstream answers) and ``GET /metrics`` (Prometheus text).
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def error_response(status: int, kind: str, message: str) -> JSONResponse:
     return AsciiJSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
 
 
+#: How long ``/readyz`` waits for the upstream to answer.
+READY_TIMEOUT_S = 3.0
 #: Headers httpx adds to every request by default; the upstream must see only what the client sent.
 HTTPX_DEFAULT_HEADERS = ("accept", "accept-encoding", "user-agent")
 
@@ -234,6 +237,19 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         return AsciiJSONResponse({"status": "ok", "upstream": config.upstream, "preset": config.preset,
                              "overrides": list(config.overrides), "encoder": config.encoder})
 
+    async def readyz(request: Request) -> Response:
+        """Ready when the encoder is loaded and the upstream answers at all (any HTTP status): 200, else 503."""
+        compressor = state.get("compressor")
+        try:
+            await state["client"].head(config.upstream, timeout=READY_TIMEOUT_S)
+            upstream = "reachable"
+        except httpx.HTTPError as err:
+            upstream = f"unreachable ({type(err).__name__})"
+        ready = compressor is not None and upstream == "reachable"
+        return AsciiJSONResponse({"status": "ready" if ready else "not ready", "upstream": upstream,
+                                  "encoder": compressor.encoder.name if compressor is not None else None},
+                                 status_code=200 if ready else 503)
+
     async def metrics_endpoint(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -242,6 +258,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         Route("/v1/messages", proxy, methods=["POST"]),
         Route("/v1/gem/compress", compress_only, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ], lifespan=lifespan)
     app.state.metrics = metrics

@@ -72,3 +72,34 @@ def test_a_body_past_the_limit_gets_a_413_and_is_not_forwarded(declared):
         assert reply.headers["connection"] == "close" and received == []
         small = json.dumps({"model": "m", "messages": MESSAGES[:4]}).encode()
         assert client.post("/v1/chat/completions", content=small).status_code == 200 and len(received) == 1
+
+
+def test_readyz_says_whether_the_upstream_answers_and_healthz_only_that_the_process_does():
+    reachable = {"yes": True}
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        if not reachable["yes"]:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(404)  # any answer counts: the upstream is there
+
+    app = create_app(ServerConfig(upstream="http://upstream/v1", encoder="hash"), transport=httpx.MockTransport(upstream))
+    with TestClient(app) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["status"] == "ready" and ready.json()["encoder"] == "hash-256"
+        reachable["yes"] = False
+        down = client.get("/readyz")
+        assert down.status_code == 503 and down.json()["upstream"].startswith("unreachable")
+        assert client.get("/healthz").status_code == 200
+
+
+def test_credentials_in_query_strings_are_redacted_from_the_access_log():
+    import logging
+
+    from gemkernels.serve.redact import QueryCredentialFilter
+
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5", "POST", "/v1beta/models/g:generate?alt=sse&key=AIzaSECRET", "1.1", 200),
+                               None)
+    assert QueryCredentialFilter().filter(record)
+    line = record.getMessage()
+    assert "AIzaSECRET" not in line and "key=[redacted]" in line and "alt=sse" in line
