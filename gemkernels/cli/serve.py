@@ -31,6 +31,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="upstream timeout in seconds (default %(default)s)")
     p.add_argument("--max-body-mb", type=float, default=64, help="largest request body, in MiB; larger ones get a 413 "
                                                                  "(default %(default)s)")
+    p.add_argument("--max-session-mb", type=float, default=1024,
+                   help="what all sessions may hold (block embeddings and keys), in MiB; the least recently used go "
+                        "first (default %(default)s)")
     p.add_argument("--no-compress-endpoint", dest="compress_endpoint", action="store_false",
                    help="do not serve POST /v1/gem/compress")
     p.add_argument("--compress-token-env", metavar="NAME",
@@ -60,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(upstream=args.upstream, preset=args.preset, overrides=tuple(args.set), encoder=args.encoder,
                           max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, workers=args.workers,
                           max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout,
-                          max_body_bytes=int(args.max_body_mb * (1 << 20)), compress_endpoint=args.compress_endpoint,
+                          max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                          max_session_bytes=int(args.max_session_mb * (1 << 20)),
+                          compress_endpoint=args.compress_endpoint,
                           compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)
     logging.getLogger("gemkernels").setLevel(logging.INFO)
     logging.getLogger("uvicorn.access").addFilter(QueryCredentialFilter())

@@ -104,7 +104,7 @@ class GEM:
         """``select_fn`` runs the selection (`gk.select`'s signature); a server passes a cross-session batcher."""
         self.config = resolve_config(config)
         self.encoder = make_encoder(encoder) if isinstance(encoder, str) else encoder
-        self.store = store or SessionStore()
+        self.store = store if store is not None else SessionStore()  # an empty store is falsy (__len__)
         self.count_tokens = default_token_counter() if token_counter == "auto" else token_counter
         # blocks carry their token counts in the session's block cache; the messages outside blocks (system
         # prompt, task) come back on every request, so the last 1,024 of those texts are remembered
@@ -202,8 +202,9 @@ class GEM:
         select_seconds = time.perf_counter() - select_started
 
         out = reconstruct(history, forwarded)
+        kept = {key: cache[key] for key in keys}
         self.store.put(store_key, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text,
-                                                selected_at, {key: cache[key] for key in keys}))
+                                                selected_at, kept, sum(block_nbytes(k, v) for k, v in kept.items())))
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
         if self.count_tokens is not None:
@@ -265,6 +266,13 @@ class GEM:
                         self.count_tokens(serialise(m)) for m in messages),
                     features=block_features(block), embedding=embedding)
         return [cache[key] for key in keys], len(new)
+
+
+def block_nbytes(key: str, info: BlockInfo) -> int:
+    """About what one block costs a session state: its embedding, its key (in the cache, the block list and the
+    forwarded set), the paths and sources of its features, and some 400 bytes of Python objects around them."""
+    features = info.features
+    return info.embedding.nbytes + 3 * len(key) + sum(map(len, features.edited_paths + features.sources)) + 400
 
 
 def block_identity(messages: Sequence[Any], span: Span) -> str:

@@ -30,7 +30,7 @@ LOCK_STRIPES = 64
 def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: BatchingEncoder) -> GEM:
     """GEM over the batching encoder, with the batched selection when GEM accepts a ``select_fn``."""
     return GEM(with_overrides(config.preset, config.overrides), encoder=encoder,
-               store=SessionStore(max_sessions=config.max_sessions),
+               store=SessionStore(max_sessions=config.max_sessions, max_bytes=config.max_session_bytes),
                select_fn=selector.select)
 
 

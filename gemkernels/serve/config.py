@@ -9,8 +9,9 @@ from dataclasses import dataclass
 class ServerConfig:
     """Everything ``gem serve`` needs; ``upstream`` is the API root (``http://host:port`` or ``.../v1``);
     ``overrides`` are ``field=value`` items applied to the preset (`config.with_overrides`); ``max_body_bytes``
-    bounds a request body (413 past it); ``compress_endpoint`` serves ``POST /v1/gem/compress``, and with
-    ``compress_token`` only to callers that send it as ``X-GEM-Token``."""
+    bounds a request body (413 past it), ``max_session_bytes`` what the sessions hold in all;
+    ``compress_endpoint`` serves ``POST /v1/gem/compress``, and with ``compress_token`` only to callers that send
+    it as ``X-GEM-Token``."""
 
     upstream: str
     preset: str = "paper"
@@ -21,6 +22,7 @@ class ServerConfig:
     workers: int = 8
     max_pending: int = 1024
     max_sessions: int = 10_000
+    max_session_bytes: int = 1 << 30
     timeout: float = 600.0
     max_body_bytes: int = 64 << 20
     compress_endpoint: bool = True

@@ -299,3 +299,28 @@ def test_resolve_config_errors():
         resolve_config("paper", delta=3)  # overrides are validated too
     with pytest.raises(TypeError):
         resolve_config("paper", no_such_field=1)
+
+
+def test_the_session_store_is_bounded_in_bytes_as_well_as_in_count():
+    """Five sessions of a long history each held their whole block cache, whatever it weighed; with a byte budget
+    the least recently used go first, and a state larger than the budget alone is not kept. (GEM ignored a store
+    it was given while the store was empty, since an empty store is falsy: the server's limits never applied.)"""
+    from gemkernels import GEM
+    from gemkernels.compress.encoders import HashEncoder
+    from gemkernels.compress.sessions import SessionState, SessionStore
+    from gemkernels.testing.histories import synthetic_history
+
+    one = GEM("paper", encoder=HashEncoder(64), token_counter=None)
+    one.compress(synthetic_history(40), session_id="probe")
+    weight = one.store.nbytes
+    assert weight >= 40 * 64 * 4  # at least the block embeddings
+    store = SessionStore(max_bytes=int(2.5 * weight))
+    gem = GEM("paper", encoder=HashEncoder(64), token_counter=None, store=store)
+    for s in range(5):
+        gem.compress(synthetic_history(40, seed=s), session_id=f"s{s}")
+        assert store.nbytes <= store.max_bytes
+    assert len(store) == 2 and store.get("s4") is not None and store.get("s0") is None
+    store.put("huge", SessionState((), frozenset(), "", 0, nbytes=10 * weight))
+    assert store.get("huge") is None and store.nbytes <= store.max_bytes
+    store.put("s4", SessionState((), frozenset(), "", 0, nbytes=1))  # a state replaced is counted once
+    assert store.nbytes == sum(item[1].nbytes for item in store._items.values())
