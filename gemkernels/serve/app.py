@@ -51,7 +51,7 @@ from starlette.routing import Route
 from gemkernels.compress.blocks import json_object
 from gemkernels.compress.gem import PASSTHROUGH
 from gemkernels.compress.sessions import request_session
-from gemkernels.serve.body import array_layout, element_sizes, forwarded_body
+from gemkernels.serve.body import element_sizes, forwarded_body, parse_body
 from gemkernels.serve.compressor import Compressor, warm_up_kernels
 from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.metrics import Metrics
@@ -156,7 +156,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         if raw is None:
             metrics.requests.labels(route, "refused").inc()
             return too_large(config.max_body_bytes)
-        body = json_object(raw)
+        body, layout = parse_body(raw, "messages") or (json_object(raw), None)  # one parse lays the body out
         content = raw
         if body is None or not isinstance(body.get("messages"), list):
             reason = "malformed_body" if body is None else "no_messages"
@@ -164,7 +164,6 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
             metrics.passthroughs.labels(reason).inc()
         else:
             messages = body["messages"]
-            layout = array_layout(raw, "messages")
             sizes = element_sizes(layout) if layout is not None and len(layout.elements) == len(messages) else None
             result = await state["compressor"].compress(route, messages, session_of(request.headers, body),
                                                         message_sizes=sizes, tenant=tenant_of(request.headers))

@@ -13,9 +13,9 @@ import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-#: A JSON string (escapes included) or one structural character: everything the scan needs to see.
-TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]', re.S)
-WHITESPACE = b" \t\n\r"
+DECODER = json.JSONDecoder()
+WHITESPACE = re.compile(r"[ \t\n\r]*")
+WHITESPACE_CHARS = " \t\n\r"
 
 
 class ArrayLayout(NamedTuple):
@@ -26,53 +26,102 @@ class ArrayLayout(NamedTuple):
     elements: list[tuple[int, int]]
 
 
+def parse_body(raw: bytes, key: str) -> tuple[dict[str, Any], ArrayLayout | None] | None:
+    """``raw`` parsed as ``json.loads`` parses it, when it is a UTF-8 JSON object, with the layout of the array
+    under its top-level ``key`` (the last occurrence, the one the parsed object keeps; None when that is not an
+    array); None when ``raw`` is not such an object (nested past the parser's depth included).
+
+    One pass: members and elements are decoded by the C decoder ``json.loads`` uses (``raw_decode``), so laying
+    the body out costs about one parse; character offsets become byte offsets by encoding the text between them."""
+    try:
+        if json.detect_encoding(raw) != "utf-8":
+            return None
+        text = raw.decode("utf-8", "surrogatepass")  # as json.loads decodes bytes
+        body, layout = parse_object(text, key)
+    except (ValueError, IndexError, RecursionError):
+        return None
+    if layout is not None and len(text) != len(raw):  # not ASCII: character offsets to byte offsets
+        layout = in_bytes(text, layout)
+    return body, layout
+
+
 def array_layout(raw: bytes, key: str) -> ArrayLayout | None:
-    """The layout of the array under top-level ``key`` of the JSON object ``raw`` (its last occurrence, the one
-    ``json.loads`` keeps), or None when ``raw`` is not an object or ``key`` does not hold an array."""
-    depth, expect_key, current = 0, False, False
-    found: ArrayLayout | None = None
-    inside, open_at, start, elements = False, 0, 0, []
-    for token in TOKENS.finditer(raw):
-        first = raw[token.start()]
-        if first == 0x22:  # a string: at depth 1 where a key is due, it is the key
-            if depth == 1 and expect_key:
-                current, expect_key = json.loads(token.group()) == key, False
-            continue
-        if first in b"[{":
-            if depth == 0 and first != 0x7B:
-                return None
-            if depth == 1 and first == 0x5B and current:
-                inside, open_at, elements = True, token.start(), []
-                start = skip_whitespace(raw, token.end())
-            depth += 1
-            expect_key = depth == 1
-        elif first in b"]}":
-            depth -= 1
-            if inside and depth == 1:
-                end = strip_whitespace(raw, token.start())
-                if end > start:
-                    elements.append((start, end))
-                found, inside = ArrayLayout(open_at, token.start(), elements), False
-            if depth == 1:
-                current = False
-        elif depth == 1:  # a comma between members of the top-level object
-            expect_key, current = True, False
-        elif inside and depth == 2:  # a comma between elements of the array
-            elements.append((start, strip_whitespace(raw, token.start())))
-            start = skip_whitespace(raw, token.end())
-    return found
+    """The layout of `parse_body`, alone."""
+    parsed = parse_body(raw, key)
+    return None if parsed is None else parsed[1]
 
 
-def skip_whitespace(raw: bytes, at: int) -> int:
-    while at < len(raw) and raw[at] in WHITESPACE:
-        at += 1
-    return at
+def parse_object(text: str, key: str) -> tuple[dict[str, Any], ArrayLayout | None]:
+    """`parse_body` in character offsets of ``text``; ValueError or IndexError on what is not one JSON object."""
+    at = skip(text, 0)
+    if text[at] != "{":
+        raise ValueError("not an object")
+    at = skip(text, at + 1)
+    body: dict[str, Any] = {}
+    found = None
+    while text[at] != "}":
+        if text[at] != '"':
+            raise ValueError("a member name must be a string")
+        name, at = json.decoder.scanstring(text, at + 1)
+        at = skip(text, at)
+        if text[at] != ":":
+            raise ValueError("':' expected")
+        at = skip(text, at + 1)
+        if name == key and text[at] == "[":
+            body[name], found, at = parse_array(text, at)
+        else:
+            body[name], at = DECODER.raw_decode(text, at)
+            found = None if name == key else found
+        at = skip(text, at)
+        if text[at] == ",":
+            at = skip(text, at + 1)
+            if text[at] == "}":
+                raise ValueError("a trailing ','")
+        elif text[at] != "}":
+            raise ValueError("',' or '}' expected")
+    if skip(text, at + 1) != len(text):
+        raise ValueError("extra data after the object")
+    return body, found
 
 
-def strip_whitespace(raw: bytes, end: int) -> int:
-    while end > 0 and raw[end - 1] in WHITESPACE:
-        end -= 1
-    return end
+def parse_array(text: str, open_at: int) -> tuple[list[Any], ArrayLayout, int]:
+    """The elements of the array whose ``[`` is at ``open_at``, its layout, and the offset after its ``]``."""
+    values, spans = [], []
+    scan, space = DECODER.scan_once, WHITESPACE.match  # the loop runs once per message: no lookups in it
+    at = space(text, open_at + 1).end()
+    while text[at] != "]":
+        try:
+            value, end = scan(text, at)
+        except StopIteration:
+            raise ValueError("a value expected") from None
+        values.append(value)
+        spans.append((at, end))
+        at = end if text[end] in ",]" else space(text, end).end()
+        if text[at] == ",":
+            at += 1
+            if text[at] in WHITESPACE_CHARS:
+                at = space(text, at).end()
+            if text[at] == "]":
+                raise ValueError("a trailing ','")
+        elif text[at] != "]":
+            raise ValueError("',' or ']' expected")
+    return values, ArrayLayout(open_at, at, spans), at + 1
+
+
+def skip(text: str, at: int) -> int:
+    """The offset of the first non-whitespace character at or after ``at``."""
+    return WHITESPACE.match(text, at).end()
+
+
+def in_bytes(text: str, layout: ArrayLayout) -> ArrayLayout:
+    """``layout`` with its character offsets into ``text`` turned into byte offsets into its UTF-8 encoding."""
+    offsets = sorted({layout.open, layout.close, *(i for span in layout.elements for i in span)})
+    position, previous, to_bytes = 0, 0, {}
+    for offset in offsets:
+        position += len(text[previous:offset].encode("utf-8", "surrogatepass"))
+        to_bytes[offset], previous = position, offset
+    return ArrayLayout(to_bytes[layout.open], to_bytes[layout.close],
+                       [(to_bytes[a], to_bytes[b]) for a, b in layout.elements])
 
 
 def without_elements(raw: bytes, layout: ArrayLayout, removed: Sequence[int]) -> bytes:

@@ -16,6 +16,7 @@ from gemkernels.serve.body import (  # noqa: E402
     array_layout,
     element_sizes,
     forwarded_body,
+    parse_body,
     removed_positions,
     without_elements,
 )
@@ -52,7 +53,9 @@ def bodies(draw):
 @given(bodies())
 def test_cut_bodies_parse_lose_only_the_removed_elements_and_keep_every_other_byte(case):
     raw, messages, removed = case
-    layout = array_layout(raw, "messages")
+    parsed_body = parse_body(raw, "messages")
+    assert parsed_body is not None and parsed_body[0] == json.loads(raw)  # the one parse is json.loads
+    layout = parsed_body[1]
     assert layout is not None and len(layout.elements) == len(messages)
     assert [json.loads(raw[a:b]) for a, b in layout.elements] == messages
     out = without_elements(raw, layout, removed)
@@ -96,11 +99,14 @@ def test_bodies_that_do_not_line_up_are_not_cut():
     assert removed_positions(messages, messages[1:]) == [0] and removed_positions(messages, []) == [0, 1, 2]
 
 
-def test_a_body_nested_deeper_than_the_parser_allows_is_scanned_without_recursion():
-    deep = b"[" * 5000 + b"]" * 5000
-    raw = b'{"messages": [' + deep + b', {"role": "user"}]}'
-    layout = array_layout(raw, "messages")
-    assert layout is not None and [raw[a:b] for a, b in layout.elements] == [deep, b'{"role": "user"}']
+def test_what_json_cannot_read_has_no_layout():
+    """Nested past the parser's depth, not UTF-8, not an object, not closed: no layout (the proxy then forwards
+    the body as sent)."""
+    deep = b'{"messages": [' + b"[" * 5000 + b"]" * 5000 + b"]}"
+    assert array_layout(deep, "messages") is None
+    assert array_layout('{"messages": [1]}'.encode("utf-16"), "messages") is None
+    assert array_layout(b'{"messages": [1, 2', "messages") is None and array_layout(b"", "messages") is None
+    assert array_layout(b'{"messages": [1] "x": 2}', "messages") is None
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
