@@ -33,13 +33,7 @@ import gemkernels as gk
 from gemkernels.benchmark.machine import copy_bandwidth, environment, version
 from gemkernels.benchmark.point import run_selection
 from gemkernels.benchmark.sweep import resolve_device, say
-from gemkernels.benchmark.timing import (
-    Timing,
-    compare,
-    cpu_call,
-    cuda_call,
-    fmt_seconds,
-)
+from gemkernels.benchmark.timing import Timing, compare, cpu_call, cuda_call, fmt_seconds
 
 from . import cases
 

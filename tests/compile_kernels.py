@@ -15,16 +15,8 @@ import sys
 import triton
 from gemkernels.kernels.gram import TILE_CANDIDATES, gram_kernel
 from gemkernels.kernels.greedy_fused import greedy_fused_kernel
-from gemkernels.kernels.greedy_resident import (
-    SOURCES,
-    greedy_resident_kernel,
-    resident_blocks,
-    resident_fits,
-)
-from gemkernels.kernels.greedy_stepwise import (
-    pivot_direction_kernel,
-    residual_update_kernel,
-)
+from gemkernels.kernels.greedy_resident import SOURCES, greedy_resident_kernel, resident_blocks, resident_fits
+from gemkernels.kernels.greedy_stepwise import pivot_direction_kernel, residual_update_kernel
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 

@@ -53,3 +53,11 @@ class KernelSpy:
             self.log.append((self.name, {k: v for k, v in kwargs.items() if k.isupper()}))
             return self.kernel[grid](*args, **kwargs)
         return launch
+
+
+def array_layout(raw: bytes, key: str = "messages"):
+    """The byte layout `gemkernels.serve.body.parse_body` gives the ``key`` array of ``raw`` (None: none)."""
+    from gemkernels.serve.body import parse_body
+
+    parsed = parse_body(raw, key)
+    return None if parsed is None else parsed[1]

@@ -123,8 +123,9 @@ def whole_run(messages: list[dict[str, Any]], goal: str | None, encoder: Encoder
     fewest_text = ("and sends the fewest tokens" if fewest == cheapest else f"; {fewest} sends the fewest tokens")
     lines += [f"choose: here {cheapest} costs least ({rel['gem-' + cheapest]['price']:.3f} of the full history's "
               f"price) {fewest_text} ({rel['gem-' + fewest]['tokens']:.3f} of its tokens). cache-aware rewrites only "
-              f"past a budget ({PRESETS['cache-aware'].rewrite_above_blocks} blocks) or when a rewrite repays its cache miss, so it gains on long runs; paper "
-              "removes at most 5% of a request. Pick with --preset NAME; gem online compares presets over many runs."]
+              f"past a budget ({PRESETS['cache-aware'].rewrite_above_blocks} blocks) or when a rewrite repays its "
+              f"cache miss, so it gains on long runs; paper removes at most {PRESETS['paper'].delta:.0%} of a "
+              "request. Pick with --preset NAME; gem online compares presets over many runs."]
     return "\n".join(lines)
 
 

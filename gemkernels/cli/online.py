@@ -13,12 +13,7 @@ from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.tokens import Prices
 from gemkernels.evaluate.online_policies import POLICIES, PolicyOptions
-from gemkernels.evaluate.online_replay import (
-    BASELINE,
-    DEFAULT_POLICIES,
-    EVIDENCE_POLICIES,
-    LONG_RUNS,
-)
+from gemkernels.evaluate.online_replay import BASELINE, DEFAULT_POLICIES, EVIDENCE_POLICIES, LONG_RUNS
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -161,12 +161,14 @@ def openai_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
     """Assistant messages with ``tool_calls`` and the ``tool`` messages answering them, ids unique and matched."""
     owner: dict[str, int] = {}
     spans: dict[int, tuple[list[int], tuple[str, ...]]] = {}
-    early: list[tuple[int, Any]] = []
+    early: list[tuple[int, str]] = []
     answered: set[str] = set()
     for i, message in enumerate(messages):
         role = message["role"]
         if role == "tool":
             call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise BlockStructureError(f"tool message {i} has a tool_call_id that is not a string")
             start = owner.get(call_id)
             if start is None:
                 early.append((i, call_id))

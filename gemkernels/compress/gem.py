@@ -18,13 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gemkernels.compress.blocks import (
-    BlockStructureError,
-    History,
-    Span,
-    parse_history,
-    reconstruct,
-)
+from gemkernels.compress.blocks import BlockStructureError, History, Span, parse_history, reconstruct
 from gemkernels.compress.config import GEMConfig, resolve_config
 from gemkernels.compress.encoders import Encoder, make_encoder
 from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
@@ -50,6 +44,7 @@ class BlockInfo:
     tokens: int | None
     features: BlockFeatures
     embedding: np.ndarray
+    nbytes: int  # what keeping it in a session state costs (`block_nbytes`)
 
 
 @dataclass
@@ -126,9 +121,6 @@ class GEM:
             history = parse_history(messages)
         except BlockStructureError as err:
             return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
-        except (TypeError, ValueError, RecursionError) as err:  # e.g. an id that is a list: not a history we know
-            return self._passthrough(messages, f"invalid structure: {type(err).__name__}: {err}", session_id,
-                                     started)
         if message_sizes is not None and len(message_sizes) != len(history.messages):
             return self._passthrough(messages, f"{len(message_sizes)} message sizes for {len(history.messages)} "
                                      "messages", session_id, started)
@@ -202,9 +194,8 @@ class GEM:
         select_seconds = time.perf_counter() - select_started
 
         out = reconstruct(history, forwarded)
-        kept = {key: cache[key] for key in keys}
-        self.store.put(store_key, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text,
-                                                selected_at, kept, sum(block_nbytes(k, v) for k, v in kept.items())))
+        self.store.put(store_key, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text, selected_at,
+                                                dict(zip(keys, infos)), sum(info.nbytes for info in infos)))
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
         if self.count_tokens is not None:
@@ -260,19 +251,19 @@ class GEM:
                                  "or not finite)")
             for b, block, embedding in zip(new_ids, new, embeddings):
                 messages = [history.messages[p] for p in block.positions]
+                features = block_features(block)
                 cache[keys[b]] = BlockInfo(
                     chars=sum(serialised_chars(m) for m in messages),
                     tokens=None if self.count_tokens is None else sum(
                         self.count_tokens(serialise(m)) for m in messages),
-                    features=block_features(block), embedding=embedding)
+                    features=features, embedding=embedding, nbytes=block_nbytes(keys[b], embedding, features))
         return [cache[key] for key in keys], len(new)
 
 
-def block_nbytes(key: str, info: BlockInfo) -> int:
+def block_nbytes(key: str, embedding: np.ndarray, features: BlockFeatures) -> int:
     """About what one block costs a session state: its embedding, its key (in the cache, the block list and the
     forwarded set), the paths and sources of its features, and some 400 bytes of Python objects around them."""
-    features = info.features
-    return info.embedding.nbytes + 3 * len(key) + sum(map(len, features.edited_paths + features.sources)) + 400
+    return embedding.nbytes + 3 * len(key) + sum(map(len, features.edited_paths + features.sources)) + 400
 
 
 def block_identity(messages: Sequence[Any], span: Span) -> str:

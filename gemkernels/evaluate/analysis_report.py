@@ -16,14 +16,7 @@ import numpy as np
 
 from gemkernels.compress.representation import block_text
 from gemkernels.evaluate import analysis
-from gemkernels.evaluate.analysis import (
-    CONDITIONS,
-    DELTAS,
-    RHO,
-    STATS,
-    CheckpointResult,
-    Tolerance,
-)
+from gemkernels.evaluate.analysis import CONDITIONS, DELTAS, RHO, STATS, CheckpointResult, Tolerance
 from gemkernels.evaluate.plotting import pyplot
 from gemkernels.evaluate.replay import RunJob, column_means, save, table
 

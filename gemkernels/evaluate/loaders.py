@@ -21,11 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gemkernels.compress.blocks import (
-    content_text,
-    is_tool_result_message,
-    parse_history,
-)
+from gemkernels.compress.blocks import content_text, is_tool_result_message, parse_history
 
 RUN_SUFFIXES = (".json", ".jsonl", ".traj")
 # mini-swe-agent 1.x's ``action_regex``: its turns count as an action only with exactly one match.

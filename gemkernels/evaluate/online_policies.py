@@ -25,12 +25,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from gemkernels.compress.blocks import OPENAI, History, parse_history, reconstruct
-from gemkernels.compress.config import (
-    PRESETS,
-    GEMConfig,
-    resolve_config,
-    with_overrides,
-)
+from gemkernels.compress.config import PRESETS, GEMConfig, resolve_config, with_overrides
 from gemkernels.compress.encoders import Encoder, WrappedEncoder
 from gemkernels.compress.gem import GEM
 from gemkernels.compress.tokens import Prices

@@ -41,20 +41,10 @@ from gemkernels.compress.representation import block_text
 from gemkernels.compress.tokens import Encode, Prices, TokenCache
 from gemkernels.evaluate.costs import CallCost, Totals, call_cost
 from gemkernels.evaluate.loaders import Run, checkpoints
-from gemkernels.evaluate.online_policies import (
-    PolicyOptions,
-    policy_builder,
-    policy_label,
-)
+from gemkernels.evaluate.online_policies import PolicyOptions, policy_builder, policy_label
 from gemkernels.evaluate.plotting import pyplot
 from gemkernels.evaluate.replay import action_text, save
-from gemkernels.evaluate.retention import (
-    action_references,
-    block_words,
-    nearest,
-    referenced_blocks,
-    retained_fraction,
-)
+from gemkernels.evaluate.retention import action_references, block_words, nearest, referenced_blocks, retained_fraction
 
 BASELINE = "full"
 DEFAULT_POLICIES = ("full", "masking", "window", "amortized", "gem-paper", "gem-balanced", "gem-core",

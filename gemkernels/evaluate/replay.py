@@ -29,13 +29,7 @@ from gemkernels.compress.evidence import block_features
 from gemkernels.compress.representation import MAX_CHARS, block_text
 from gemkernels.evaluate.loaders import Run, load_runs
 from gemkernels.evaluate.plotting import pyplot
-from gemkernels.evaluate.retention import (
-    METRICS,
-    Targets,
-    action_references,
-    block_words,
-    referenced_blocks,
-)
+from gemkernels.evaluate.retention import METRICS, Targets, action_references, block_words, referenced_blocks
 from gemkernels.evaluate.selectors import LABELS, SELECTORS, View, natural_budget
 
 DEFAULT_KS = tuple(range(8, 21))

@@ -15,13 +15,7 @@ from functools import partial
 
 import numpy as np
 
-from gemkernels.compress.evidence import (
-    RULES,
-    BlockFeatures,
-    EvidenceConfig,
-    evidence_picks,
-    rank,
-)
+from gemkernels.compress.evidence import RULES, BlockFeatures, EvidenceConfig, evidence_picks, rank
 from gemkernels.select.api import select
 
 

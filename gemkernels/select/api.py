@@ -9,13 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gemkernels.select.arrays import (
-    NUMPY,
-    TORCH,
-    convert_like,
-    library_of,
-    to_numpy,
-)
+from gemkernels.select.arrays import NUMPY, TORCH, convert_like, library_of, to_numpy
 from gemkernels.select.backends import Backend, auto_backend, get_backend
 from gemkernels.select.backends.numpy_backend import compute_dtype
 from gemkernels.select.ragged import RaggedBatch, as_float_matrix, index_mask
@@ -113,7 +107,7 @@ def warm_up(backend: str, dim: int, k: int | None = None, max_rows: int | None =
     shapes = impl.warm_up_shapes(dim, k, max_rows)
     rng = np.random.default_rng(seed)
     for rows, steps in shapes:
-        x = convert_like(rng.standard_normal((rows, dim)).astype(np.float32), impl.LIBRARY, None)
+        x = rng.standard_normal((rows, dim)).astype(np.float32)
         x = convert_like(x, impl.LIBRARY, impl.device(x))
         select(x, protected=[0], k=steps, tau=1.0, backend=backend)
         select_batch([x, x[:max(1, rows // 2)]], protected=[[0], []], k=steps, tau=1.0, backend=backend)

@@ -38,10 +38,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -59,8 +56,11 @@ from gemkernels.serve.metrics import Metrics
 logger = logging.getLogger("gemkernels.serve")
 
 SESSION_HEADER = "x-gem-session"
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-                        "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length"})
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+                        b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
+#: Header names (lower-case bytes) not forwarded: hop-by-hop ones both ways, the proxy's own session header upstream.
+NOT_FORWARDED = HOP_BY_HOP | {SESSION_HEADER.encode()}
+NOT_RELAYED = HOP_BY_HOP - {b"content-length"}
 
 
 #: Request headers that carry a credential, in the order the tenant is read from.
@@ -164,7 +164,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
             metrics.passthroughs.labels(reason).inc()
         else:
             messages = body["messages"]
-            sizes = element_sizes(layout) if layout is not None and len(layout.elements) == len(messages) else None
+            sizes = None if layout is None else element_sizes(layout)  # the layout parse_body gave these messages
             result = await state["compressor"].compress(route, messages, session_of(request.headers, body),
                                                         message_sizes=sizes, tenant=tenant_of(request.headers))
             if result is not None and len(result.messages) != len(messages):
@@ -179,8 +179,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
 
     async def forward(request: Request, content: bytes) -> Response:
         client: httpx.AsyncClient = state["client"]
-        headers = [(k, v) for k, v in request.headers.raw  # bytes as sent: values need not be ASCII
-                   if k.decode("latin-1").lower() not in HOP_BY_HOP | {SESSION_HEADER}]
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in NOT_FORWARDED]  # bytes as sent
         upstream = client.build_request(request.method, upstream_url(config.upstream, request.url.path),
                                         params=request.query_params, headers=headers, content=content)
         try:
@@ -198,7 +197,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         relayed = StreamingResponse(relay(response), status_code=response.status_code,
                                     background=BackgroundTask(response.aclose))
         relayed.raw_headers = [(k, v) for k, v in response.headers.raw  # bytes as sent, repeated headers kept
-                               if k.decode("latin-1").lower() not in HOP_BY_HOP - {"content-length"}]
+                               if k.lower() not in NOT_RELAYED]
         return relayed
 
     async def relay(response: httpx.Response) -> AsyncIterator[bytes]:

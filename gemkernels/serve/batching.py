@@ -28,13 +28,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from gemkernels.compress.encoders import Encoder, WrappedEncoder
-from gemkernels.select.api import (
-    DEFAULT_EPS,
-    DEFAULT_K,
-    DEFAULT_TAU,
-    select,
-    select_batch,
-)
+from gemkernels.select.api import DEFAULT_EPS, DEFAULT_K, DEFAULT_TAU, select, select_batch
 from gemkernels.select.result import Selection
 
 T = TypeVar("T")

@@ -45,12 +45,6 @@ def parse_body(raw: bytes, key: str) -> tuple[dict[str, Any], ArrayLayout | None
     return body, layout
 
 
-def array_layout(raw: bytes, key: str) -> ArrayLayout | None:
-    """The layout of `parse_body`, alone."""
-    parsed = parse_body(raw, key)
-    return None if parsed is None else parsed[1]
-
-
 def parse_object(text: str, key: str) -> tuple[dict[str, Any], ArrayLayout | None]:
     """`parse_body` in character offsets of ``text``; ValueError or IndexError on what is not one JSON object."""
     at = skip(text, 0)

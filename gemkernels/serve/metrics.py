@@ -3,12 +3,7 @@ before and after, stage latencies, batch sizes, sessions, pending compressions."
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gemkernels.compress.gem import PASSTHROUGH, Compressed
 

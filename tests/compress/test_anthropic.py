@@ -7,14 +7,7 @@ import numpy as np
 import pytest
 
 from gemkernels import GEM
-from gemkernels.compress.blocks import (
-    ANTHROPIC,
-    OPENAI,
-    BlockStructureError,
-    detect_format,
-    parse_history,
-    reconstruct,
-)
+from gemkernels.compress.blocks import ANTHROPIC, OPENAI, BlockStructureError, detect_format, parse_history, reconstruct
 from gemkernels.compress.encoders import HashEncoder
 
 

@@ -86,3 +86,14 @@ def test_bundled_example_has_32_complete_blocks():
     assert len(blocks) == 32
     assert all(messages[b.start]["role"] == "assistant" and len(b.positions) == 2 for b in blocks)
     assert all(len(block_text(b)) <= MAX_CHARS for b in blocks)
+
+
+@pytest.mark.parametrize("call_id", [["call_0"], {"id": "call_0"}, 7, None])
+def test_a_tool_call_id_that_is_not_a_string_is_a_structure_error(call_id):
+    """An id of another type was used as a dict key (a list or dict raised TypeError past the structure check)."""
+    messages = [{"role": "user", "content": "go"},
+                {"role": "assistant", "tool_calls": [{"id": "call_0", "type": "function",
+                                                      "function": {"name": "bash", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": call_id, "content": "ok"}]
+    with pytest.raises(BlockStructureError, match="tool_call_id that is not a string"):
+        parse_history(messages)

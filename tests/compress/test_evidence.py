@@ -18,13 +18,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from gemkernels.compress.blocks import Action, Block, parse_history  # noqa: E402
-from gemkernels.compress.evidence import (  # noqa: E402
-    RULES,
-    BlockFeatures,
-    EvidenceConfig,
-    block_features,
-    protect,
-)
+from gemkernels.compress.evidence import RULES, BlockFeatures, EvidenceConfig, block_features, protect  # noqa: E402
 from gemkernels.compress.evidence.rules import (  # noqa: E402
     error_blocks,
     goal_blocks,

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import EXAMPLE
+from helpers import EXAMPLE, array_layout
 
 from gemkernels import GEM, GEMConfig
 from gemkernels.compress.blocks import parse_history
@@ -231,7 +231,8 @@ def test_the_guard_counts_the_bytes_that_go_out_when_given_them():
     """A proxy forwards the client's bytes; a long non-ASCII system prompt is 3 UTF-8 bytes a character there but
     6 in ASCII-escaped JSON. Measured as JSON, one rewrite removed more than ``delta`` of the bytes actually sent;
     with the body's byte sizes it stays within the budget."""
-    from gemkernels.serve.body import array_layout, element_sizes, without_elements
+
+    from gemkernels.serve.body import element_sizes, without_elements
 
     messages = synthetic_history(40, seed=5)
     messages[0] = {"role": "system", "content": "你是一个编程助手。" * 3000}

@@ -13,14 +13,7 @@ import pytest
 from helpers import FIXTURES, TRAJECTORIES, call_ids
 
 from gemkernels.compress.blocks import BlockStructureError, parse_history
-from gemkernels.evaluate.loaders import (
-    BASH_BLOCK,
-    Run,
-    checkpoints,
-    load_run,
-    load_runs,
-    read_runs,
-)
+from gemkernels.evaluate.loaders import BASH_BLOCK, Run, checkpoints, load_run, load_runs, read_runs
 
 REAL = TRAJECTORIES
 

@@ -16,14 +16,7 @@ from gemkernels.compress.encoders import CachedEncoder, HashEncoder
 from gemkernels.compress.tokens import Prices, TokenCache
 from gemkernels.evaluate.costs import CallCost, Totals, call_cost
 from gemkernels.evaluate.loaders import Run, checkpoints
-from gemkernels.evaluate.online_policies import (
-    POLICIES,
-    GEMPolicy,
-    Masking,
-    PolicyOptions,
-    Window,
-    policy_builder,
-)
+from gemkernels.evaluate.online_policies import POLICIES, GEMPolicy, Masking, PolicyOptions, Window, policy_builder
 from gemkernels.evaluate.online_replay import (
     RewriteEvidence,
     evidence_markdown,

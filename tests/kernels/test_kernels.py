@@ -60,11 +60,7 @@ def test_ragged_gram_matches_float64_and_is_symmetric(dtype, block_k):
 
 
 def test_resident_tiles_cover_the_session_and_keep_registers_in_budget():
-    from gemkernels.kernels.greedy_resident import (
-        SOURCES,
-        resident_blocks,
-        resident_fits,
-    )
+    from gemkernels.kernels.greedy_resident import SOURCES, resident_blocks, resident_fits
 
     for n_max in (1, 16, 17, 255, 256, 257, 1000, 1024):
         for width in (1, 15, 16, 33, 64, 128, 1000):

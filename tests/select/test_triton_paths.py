@@ -9,14 +9,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 from helpers import KernelSpy  # noqa: E402
-from select_helpers import (  # noqa: E402
-    INTERPRETED,
-    backend_marks,
-    check_selection,
-    random_problem,
-    reference_for,
-    sel_idx,
-)
+from select_helpers import INTERPRETED, backend_marks, check_selection, random_problem, reference_for, sel_idx  # noqa: E402
 
 import gemkernels as gk  # noqa: E402
 

@@ -7,19 +7,13 @@ import json
 import re
 
 import pytest
+from helpers import array_layout
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from gemkernels.serve.body import (  # noqa: E402
-    array_layout,
-    element_sizes,
-    forwarded_body,
-    parse_body,
-    removed_positions,
-    without_elements,
-)
+from gemkernels.serve.body import element_sizes, forwarded_body, parse_body, removed_positions, without_elements  # noqa: E402
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)) | st.sampled_from('"\\[]{},:\n\t/'),
                max_size=12)

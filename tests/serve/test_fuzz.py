@@ -13,14 +13,14 @@ pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("hypothesis")
-from helpers import EXAMPLE, FIXTURES  # noqa: E402
+from helpers import EXAMPLE, FIXTURES, array_layout  # noqa: E402
 from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from gemkernels.compress.blocks import BlockStructureError, parse_history  # noqa: E402
 from gemkernels.serve.app import create_app  # noqa: E402
-from gemkernels.serve.body import array_layout, without_elements  # noqa: E402
+from gemkernels.serve.body import without_elements  # noqa: E402
 from gemkernels.serve.config import ServerConfig  # noqa: E402
 
 HISTORIES = [json.loads(EXAMPLE.read_text())["messages"], json.loads((FIXTURES / "openai_messages.json").read_text())]

@@ -20,26 +20,14 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
-from helpers import EXAMPLE, needs_extra  # noqa: E402
+from helpers import EXAMPLE, array_layout, needs_extra  # noqa: E402
 
 import gemkernels as gk  # noqa: E402
 from gemkernels.compress.blocks import parse_history  # noqa: E402
 from gemkernels.compress.config import with_overrides  # noqa: E402
 from gemkernels.compress.encoders import make_encoder  # noqa: E402
-from gemkernels.serve.app import (  # noqa: E402
-    SESSION_HEADER,
-    ServerConfig,
-    create_app,
-    session_of,
-    upstream_url,
-)
-from gemkernels.serve.batching import (  # noqa: E402
-    BatchingEncoder,
-    MicroBatcher,
-    QueueFullError,
-    SelectionBatcher,
-)
-from gemkernels.serve.body import array_layout  # noqa: E402
+from gemkernels.serve.app import SESSION_HEADER, ServerConfig, create_app, session_of, upstream_url  # noqa: E402
+from gemkernels.serve.batching import BatchingEncoder, MicroBatcher, QueueFullError, SelectionBatcher  # noqa: E402
 from gemkernels.serve.client_wrap import wrap  # noqa: E402
 from gemkernels.testing.fake_upstream import HANG_S, FakeUpstream, ServerThread  # noqa: E402
 

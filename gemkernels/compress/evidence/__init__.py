@@ -5,12 +5,6 @@ which reads tool calls through `shell`, `python_writes` and `errors`; `effects` 
 """
 
 from gemkernels.compress.evidence.features import BlockFeatures, block_features
-from gemkernels.compress.evidence.rules import (
-    RULES,
-    EvidenceConfig,
-    evidence_picks,
-    protect,
-    rank,
-)
+from gemkernels.compress.evidence.rules import RULES, EvidenceConfig, evidence_picks, protect, rank
 
 __all__ = ["RULES", "BlockFeatures", "EvidenceConfig", "block_features", "evidence_picks", "protect", "rank"]

@@ -15,12 +15,7 @@ from gemkernels.compress.blocks import Action, Block, json_object
 from gemkernels.compress.evidence.effects import URL, Effects, unique
 from gemkernels.compress.evidence.errors import has_output, is_error_output
 from gemkernels.compress.evidence.python_writes import python_writes
-from gemkernels.compress.evidence.shell import (
-    CONTENT_PROGRAMS,
-    QUIET_PROGRAMS,
-    diff_targets,
-    shell_effects,
-)
+from gemkernels.compress.evidence.shell import CONTENT_PROGRAMS, QUIET_PROGRAMS, diff_targets, shell_effects
 
 
 @dataclass(frozen=True)

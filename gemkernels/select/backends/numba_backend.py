@@ -18,11 +18,7 @@ import numpy as np
 
 from gemkernels.kernels import greedy_cpu
 from gemkernels.select.backends import PackedSelection, computes_in_place
-from gemkernels.select.backends.numpy_backend import (
-    compute_dtype,
-    empty_packed,
-    inverse_norms,
-)
+from gemkernels.select.backends.numpy_backend import compute_dtype, empty_packed, inverse_norms
 from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "numpy"
