@@ -20,7 +20,7 @@ import numpy as np
 
 from gemkernels.compress.blocks import BlockStructureError, History, Span, parse_history, reconstruct
 from gemkernels.compress.config import GEMConfig, resolve_config
-from gemkernels.compress.encoders import Encoder, make_encoder
+from gemkernels.compress.encoders import Encoder, EncodingDeferred, make_encoder
 from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
 from gemkernels.compress.guard import guarded_removals
 from gemkernels.compress.policy import budget_reason, could_repay, repay_reason, reselection_reason
@@ -155,9 +155,13 @@ class GEM:
         keys = tuple(block_identity(messages, span) for span in spans)
         cache = state.block_cache if state is not None else {}
         encode_started = time.perf_counter()
-        infos, encoded = self._block_infos(history, keys, cache)
+        try:
+            infos, encoded = self._block_infos(history, keys, cache)
+            task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
+        except EncodingDeferred as err:
+            return self._deferred(history, keys, state, session_id, f"encoding deferred: {err}", started,
+                                  message_sizes)
         embeddings = np.stack([info.embedding for info in infos])
-        task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
         encode_seconds = time.perf_counter() - encode_started
 
         protected = evidence_picks([info.features for info in infos], embeddings, task_embedding, cfg.evidence)
@@ -212,6 +216,28 @@ class GEM:
             seconds={"encode": encode_seconds, "select": select_seconds,
                      "total": time.perf_counter() - started},
         )
+        return Compressed(out, stats)
+
+    def _deferred(self, history: History, keys: tuple[str, ...], state: SessionState | None, session_id: str,
+                  why: str, started: float, message_sizes: Sequence[int] | None) -> Compressed:
+        """The request when the encoder could not give its embeddings in time: the session's saved forwarded set
+        with every newer block appended when the history extends the last request (the upstream's cached prefix
+        holds), else unchanged; the session state is left as it was."""
+        messages = history.messages
+        if state is None or keys[:len(state.block_keys)] != state.block_keys:
+            return self._passthrough(messages, why, session_id, started)
+        n, seen = len(keys), len(state.block_keys)
+        forwarded = {b for b in range(seen) if keys[b] in state.forwarded} | set(range(seen, n))
+        removed = sorted(set(range(n)) - forwarded)
+        sizes = message_sizes if message_sizes is not None else [serialised_chars(m) for m in messages]
+        out = reconstruct(history, forwarded)
+        chars_before = sum(sizes)
+        stats = CompressionStats(
+            APPENDED, f"{why}; {n - seen} new blocks appended to the saved forwarded set", session_id, blocks=n,
+            forwarded_blocks=len(forwarded), removed_blocks=removed, messages_before=len(messages),
+            messages_after=len(out), chars_before=chars_before,
+            chars_after=chars_before - sum(sizes[p] for b in removed for p in history.spans[b].positions),
+            seconds={"total": time.perf_counter() - started})
         return Compressed(out, stats)
 
     def _rewrite(self, block_chars: Sequence[int], embeddings: np.ndarray, seeds: list[int], sizes: Sequence[int],

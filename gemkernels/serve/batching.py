@@ -10,9 +10,8 @@ items that arrive during a run form the next batch. A request waits at most ``ma
 its own run.
 
 `SelectionBatcher.select` is a drop-in for `gemkernels.select` that runs concurrent
-selections as one `gemkernels.select_batch` call; `BatchingEncoder` is an `Encoder` whose
-concurrent ``encode`` calls reach the wrapped encoder as one call (which also makes a
-non-thread-safe encoder, such as `CachedEncoder`, safe to share between threads).
+selections as one `gemkernels.select_batch` call (block encoding has its own fair queue:
+`gemkernels.serve.encoding`).
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from gemkernels.compress.encoders import Encoder, WrappedEncoder
 from gemkernels.select.api import DEFAULT_EPS, DEFAULT_K, DEFAULT_TAU, select, select_batch
 from gemkernels.select.result import Selection
 
@@ -189,24 +187,3 @@ def select_alone(req: SelectRequest) -> Selection | Exception:
                       eps=req.eps, backend=req.backend)
     except Exception as err:
         return err
-
-
-class BatchingEncoder(WrappedEncoder):
-    """An `Encoder` whose concurrent ``encode`` calls reach ``encoder`` as one call, from one thread."""
-
-    def __init__(self, encoder: Encoder, max_batch: int = 64, max_wait: float = 0.002, max_queue: int = 4096,
-                 observer: BatchObserver | None = None, callers: Callable[[], int] | None = None):
-        super().__init__(encoder)
-        self.batcher: MicroBatcher[list[str], np.ndarray] = MicroBatcher(
-            self._encode_all, "encode", max_batch, max_wait, max_queue, observer, callers)
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        return self.batcher.submit(list(texts))
-
-    def close(self) -> None:
-        self.batcher.close()
-
-    def _encode_all(self, calls: list[list[str]]) -> list[np.ndarray]:
-        rows = np.asarray(self.encoder.encode([text for texts in calls for text in texts]))
-        bounds = np.cumsum([0] + [len(texts) for texts in calls])
-        return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

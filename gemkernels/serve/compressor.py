@@ -1,5 +1,6 @@
 """`Compressor`: GEM behind the proxy, in a bounded worker pool, one compression per session at a time, with the
-selection and block encoding of concurrent requests batched, and the selection kernels compiled before serving."""
+selections of concurrent requests batched, block encoding fair between requests and bounded in time, and the
+selection kernels compiled before serving."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from gemkernels.compress.encoders import make_encoder
 from gemkernels.compress.gem import GEM, PASSTHROUGH, Compressed
 from gemkernels.compress.sessions import SessionStore
 from gemkernels.select.api import warm_up
-from gemkernels.serve.batching import BatchingEncoder, SelectionBatcher
+from gemkernels.serve.batching import SelectionBatcher
 from gemkernels.serve.config import ServerConfig
+from gemkernels.serve.encoding import EncodingQueue
 from gemkernels.serve.metrics import Metrics
 
 logger = logging.getLogger("gemkernels.serve")
@@ -27,8 +29,8 @@ logger = logging.getLogger("gemkernels.serve")
 LOCK_STRIPES = 64
 
 
-def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: BatchingEncoder) -> GEM:
-    """GEM over the batching encoder, with the batched selection when GEM accepts a ``select_fn``."""
+def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: EncodingQueue) -> GEM:
+    """GEM over the shared encoding queue, with the batched selection."""
     return GEM(with_overrides(config.preset, config.overrides), encoder=encoder,
                store=SessionStore(max_sessions=config.max_sessions, max_bytes=config.max_session_bytes),
                select_fn=selector.select)
@@ -38,15 +40,18 @@ class Compressor:
     """Runs `GEM.compress` in a worker pool, at most ``max_pending`` at a time, one per session at a time.
 
     ``compress`` returns None when the request must go out unchanged for a reason outside GEM
-    (queue full, unexpected error); GEM's own passthroughs come back as its `Compressed`."""
+    (queue full, unexpected error); GEM's own passthroughs come back as its `Compressed`. A request waits for its
+    blocks' embeddings until ``encode_budget`` seconds after it reached ``compress`` at most, then goes out on
+    the append path or unchanged (`GEM` on `EncodingDeferred`) while they finish encoding for its next call."""
 
     def __init__(self, config: ServerConfig, metrics: Metrics):
         self.metrics, self.max_pending, self.workers = metrics, config.max_pending, config.workers
+        self.encode_budget = config.encode_budget
         self.pending = 0
         self.selector = SelectionBatcher(config.max_batch, config.max_wait, config.max_pending,
                                          metrics.observe_batch, self.running)
-        self.encoder = BatchingEncoder(make_encoder(config.encoder), config.max_batch, config.max_wait,
-                                       config.max_pending, metrics.observe_batch, self.running)
+        self.encoder = EncodingQueue(make_encoder(config.encoder, cached=False), config.max_batch,
+                                     cache_bytes=config.encode_cache_bytes, observer=metrics.observe_batch)
         self.gem = make_gem(config, self.selector, self.encoder)
         metrics.sessions.set_function(lambda: len(self.gem.store))
         self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="gem-compress")
@@ -57,10 +62,12 @@ class Compressor:
         return max(1, min(self.pending, self.workers))
 
     async def compress(self, route: str, messages: Any, session_id: str | None, goal: str | None = None,
-                       message_sizes: Sequence[int] | None = None, tenant: str | None = None) -> Compressed | None:
+                       message_sizes: Sequence[int] | None = None, tenant: str | None = None,
+                       wait_for_encoding: bool = False) -> Compressed | None:
         """`GEM.compress` in the pool (``message_sizes``: each message's bytes in the body that will go out;
-        ``tenant``: whose sessions these are); None when the request must go out unchanged for a reason outside
-        GEM."""
+        ``tenant``: whose sessions these are; ``wait_for_encoding``: no encoding budget); None when the request
+        must go out unchanged for a reason outside GEM."""
+        deadline = None if wait_for_encoding or self.encode_budget is None else time.monotonic() + self.encode_budget
         if self.pending >= self.max_pending:
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
             self.metrics.passthroughs.labels("queue_full").inc()
@@ -69,7 +76,7 @@ class Compressor:
         self.metrics.pending.inc()
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._compress, messages, session_id, goal, message_sizes, tenant)
+                self.executor, self._compress, messages, session_id, goal, message_sizes, tenant, deadline)
         except Exception:
             logger.exception("gemkernels: compression crashed; forwarding the original request")
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
@@ -82,11 +89,11 @@ class Compressor:
         return result
 
     def _compress(self, messages: Any, session_id: str | None, goal: str | None,
-                  message_sizes: Sequence[int] | None, tenant: str | None) -> Compressed:
+                  message_sizes: Sequence[int] | None, tenant: str | None, deadline: float | None) -> Compressed:
         key = session_id if session_id is not None else json.dumps(messages[:2], default=str, sort_keys=True)
         key = f"{tenant}\x1f{key}"
         stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little") % LOCK_STRIPES
-        with self.locks[stripe]:
+        with self.locks[stripe], self.encoder.deadline(deadline):
             return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
                                      tenant=tenant)
 

@@ -11,7 +11,9 @@ class ServerConfig:
     ``overrides`` are ``field=value`` items applied to the preset (`config.with_overrides`); ``max_body_bytes``
     bounds a request body (413 past it), ``max_session_bytes`` what the sessions hold in all;
     ``compress_endpoint`` serves ``POST /v1/gem/compress``, and with ``compress_token`` only to callers that send
-    it as ``X-GEM-Token``."""
+    it as ``X-GEM-Token``; a proxied request waits for its blocks' embeddings ``encode_budget`` seconds at most
+    (None: no limit), and ``encode_cache_bytes`` of embeddings are kept for the requests that gave up waiting;
+    a request body with no byte for ``body_timeout`` seconds gets a 408 (`gemkernels.serve.connections`)."""
 
     upstream: str
     preset: str = "paper"
@@ -27,3 +29,6 @@ class ServerConfig:
     max_body_bytes: int = 64 << 20
     compress_endpoint: bool = True
     compress_token: str | None = None
+    encode_budget: float | None = 0.2
+    encode_cache_bytes: int = 128 << 20
+    body_timeout: float = 30.0

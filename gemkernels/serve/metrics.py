@@ -28,6 +28,8 @@ class Metrics:
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
         self.batch_seconds = Histogram("gem_batch_seconds", "Seconds per batched call", ["kind"], registry=r,
                                        buckets=LATENCY_BUCKETS)
+        self.deferred = Counter("gem_encoding_deferred", "Requests sent on before their blocks were encoded",
+                                registry=r)
         self.sessions = Gauge("gem_sessions", "Sessions held in GEM's store", registry=r)
         self.pending = Gauge("gem_pending_compressions", "Compressions queued or running", registry=r)
 
@@ -40,6 +42,8 @@ class Metrics:
         self.requests.labels(route, stats.action).inc()
         if stats.action == PASSTHROUGH:
             self.passthroughs.labels(passthrough_reason(stats.reason)).inc()
+        if stats.reason.startswith("encoding deferred"):
+            self.deferred.inc()
         if stats.chars_before:
             self.chars.labels("before").inc(stats.chars_before)
             self.chars.labels("after").inc(stats.chars_after)
@@ -54,6 +58,8 @@ def passthrough_reason(reason: str) -> str:
     """A GEM passthrough reason as a low-cardinality label."""
     if reason.startswith("invalid structure"):
         return "invalid_structure"
+    if reason.startswith("encoding deferred"):
+        return "encoding_deferred"
     if reason.startswith("QueueFullError"):
         return "queue_full"
     return "compression_error"

@@ -64,7 +64,7 @@ def proxy():
         received.append(request.content)
         return httpx.Response(200, json={"ok": True})
 
-    app = create_app(ServerConfig(upstream="http://upstream/v1", preset="core", encoder="hash"),
+    app = create_app(ServerConfig(upstream="http://upstream/v1", preset="core", encoder="hash", encode_budget=30.0),
                      transport=httpx.MockTransport(upstream))
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client, received

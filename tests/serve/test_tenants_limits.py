@@ -25,7 +25,8 @@ def client_for(received: list | None = None, **config) -> TestClient:
             received.append(request)
         return httpx.Response(200, json={"ok": True})
 
-    app = create_app(ServerConfig(upstream="http://upstream/v1", encoder="hash", preset="paper", **config),
+    app = create_app(ServerConfig(upstream="http://upstream/v1", encoder="hash", preset="paper", encode_budget=30.0,
+                                  **config),
                      transport=httpx.MockTransport(upstream))
     return TestClient(app, raise_server_exceptions=False)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 
-from gemkernels.compress.encoders.base import Encoder, WrappedEncoder, normalise_rows
+from gemkernels.compress.encoders.base import Encoder, EncodingDeferred, WrappedEncoder, normalise_rows
 from gemkernels.compress.encoders.cache import CachedEncoder
 from gemkernels.compress.encoders.hashing import HashEncoder
 
-__all__ = ["CachedEncoder", "Encoder", "HashEncoder", "WrappedEncoder", "ENCODER_HELP", "is_hash_encoder",
+__all__ = ["CachedEncoder", "Encoder", "EncodingDeferred", "HashEncoder", "WrappedEncoder", "ENCODER_HELP", "is_hash_encoder",
            "make_encoder", "normalise_rows"]
 
 
@@ -26,22 +26,26 @@ def is_hash_encoder(name: str) -> bool:
     return name == "hash" or name.startswith("hash-")
 
 
-def make_encoder(name: str) -> Encoder:
-    """An encoder by name, wrapped in a cache: ``minilm`` (default real model), ``hash`` / ``hash-<dim>``,
-    or ``openai:<model>[:<dimensions>]`` served at ``$GEM_EMBEDDINGS_BASE_URL`` (default OpenAI's API),
-    key from ``$GEM_EMBEDDINGS_API_KEY``, else ``$OPENAI_API_KEY``."""
+def make_encoder(name: str, cached: bool = True) -> Encoder:
+    """An encoder by name, wrapped in a `CachedEncoder` unless ``cached`` is false: ``minilm`` (default real
+    model), ``hash`` / ``hash-<dim>``, or ``openai:<model>[:<dimensions>]`` served at ``$GEM_EMBEDDINGS_BASE_URL``
+    (default OpenAI's API), key from ``$GEM_EMBEDDINGS_API_KEY``, else ``$OPENAI_API_KEY``."""
+    encoder = named_encoder(name)
+    return CachedEncoder(encoder) if cached else encoder
+
+
+def named_encoder(name: str) -> Encoder:
     if name == "minilm":
         from gemkernels.compress.encoders.minilm import MiniLMEncoder
 
-        return CachedEncoder(MiniLMEncoder())
+        return MiniLMEncoder()
     if is_hash_encoder(name):
-        return CachedEncoder(HashEncoder(int(name[5:]) if name != "hash" else 256))
+        return HashEncoder(int(name[5:]) if name != "hash" else 256)
     if name.startswith("openai:"):
         from gemkernels.compress.encoders.remote import OpenAIEmbeddingsEncoder
 
         model, _, dimensions = name[len("openai:"):].partition(":")
         key_env = "GEM_EMBEDDINGS_API_KEY" if "GEM_EMBEDDINGS_API_KEY" in os.environ else "OPENAI_API_KEY"
-        return CachedEncoder(OpenAIEmbeddingsEncoder(
-            os.environ.get("GEM_EMBEDDINGS_BASE_URL", "https://api.openai.com/v1"), model,
-            dimensions=int(dimensions) if dimensions else None, api_key_env=key_env))
+        return OpenAIEmbeddingsEncoder(os.environ.get("GEM_EMBEDDINGS_BASE_URL", "https://api.openai.com/v1"), model,
+                                       dimensions=int(dimensions) if dimensions else None, api_key_env=key_env)
     raise ValueError(f"unknown encoder {name!r}; choose minilm, hash, hash-<dim> or openai:<model>[:<dimensions>]")

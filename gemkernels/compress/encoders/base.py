@@ -18,6 +18,11 @@ class Encoder(Protocol):
     def encode(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
+class EncodingDeferred(RuntimeError):
+    """An encoder could not answer within its caller's time budget (or could not queue the texts at all); texts it
+    queued go on encoding for a later call."""
+
+
 def normalise_rows(x: np.ndarray) -> np.ndarray:
     """Rows scaled to unit L2 norm (all-zero rows stay zero)."""
     norms = np.linalg.norm(x, axis=1, keepdims=True)
