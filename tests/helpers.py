@@ -15,6 +15,8 @@ EXAMPLE = ROOT / "examples" / "django-11276.json"
 FIXTURES = ROOT / "tests" / "fixtures"
 #: The development runs beside the project (``../shared``); tests that need them skip without them.
 TRAJECTORIES = ROOT.parent / "shared" / "data" / "trajectories"
+#: Real sessions in agents' native formats (``../shared/data/logs``, see its SOURCES.md).
+LOGS = ROOT.parent / "shared" / "data" / "logs"
 
 
 def needs_extra(*extras: str) -> None:

@@ -1,10 +1,11 @@
-"""Interaction blocks of a chat history (DESIGN.md §2.1), OpenAI and Anthropic alike.
+"""Interaction blocks of a chat history (DESIGN.md §2.1), OpenAI, Anthropic and Responses API alike.
 
 A removable block is one assistant message that calls tools plus every message answering
 those calls: OpenAI ``tool`` messages matched by ``tool_call_id``, or the Anthropic ``user``
 message whose ``tool_result`` parts answer the ``tool_use`` parts. Everything else (the
-prefix, plain turns, legacy ``function_call``) is never removed. Blocks refer to the
-caller's messages by position: parsing copies and changes nothing.
+prefix, plain turns, legacy ``function_call``) is never removed. A Responses API ``input`` has its own blocks
+(`gemkernels.compress.responses_items`). Blocks refer to the caller's messages by position: parsing copies and
+changes nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-OPENAI, ANTHROPIC = "openai", "anthropic"
+OPENAI, ANTHROPIC, RESPONSES = "openai", "anthropic", "responses"
 
 
 class BlockStructureError(ValueError):
@@ -41,9 +42,9 @@ class Span:
     def start(self) -> int:
         return self.positions[0]
 
-    @cached_property
+    @property
     def key(self) -> str:
-        """Stable identity across requests: the tool-call ids."""
+        """Stable identity across requests: the tool-call ids (read once per request: not worth a cache)."""
         return "\x1f".join(self.call_ids)
 
 
@@ -84,6 +85,10 @@ class History:
 
     def block(self, i: int) -> Block:
         """Block ``i`` with its content read from the messages."""
+        if self.format == RESPONSES:
+            from gemkernels.compress.responses_items import responses_block
+
+            return responses_block(self.messages, self.spans[i])
         read = openai_block if self.format == OPENAI else anthropic_block
         return read(self.messages, self.spans[i])
 
@@ -141,6 +146,13 @@ def parse_history(messages: Any, format: str = "auto") -> History:
     """Split ``messages`` into blocks; raises `BlockStructureError` on anything unsafe to edit."""
     if not isinstance(messages, (list, tuple)):
         raise BlockStructureError(f"messages must be a list, got {type(messages).__name__}")
+    from gemkernels.compress.responses_items import is_responses_input, responses_spans
+
+    if format == RESPONSES or (format == "auto" and is_responses_input(messages)):
+        bad = next((i for i, item in enumerate(messages) if type(item) is not dict), None)
+        if bad is not None:
+            raise BlockStructureError(f"input item {bad} is {type(messages[bad]).__name__}, not an object")
+        return History(messages, RESPONSES, tuple(responses_spans(messages)))
     for i, message in enumerate(messages):
         if type(message) is not dict or type(message.get("role")) is not str:
             if isinstance(message, dict) and isinstance(message.get("role"), str):
@@ -153,7 +165,7 @@ def parse_history(messages: Any, format: str = "auto") -> History:
     elif fmt == ANTHROPIC:
         spans = anthropic_spans(messages)
     else:
-        raise ValueError(f"unknown message format {format!r}; choose auto, openai or anthropic")
+        raise ValueError(f"unknown message format {format!r}; choose auto, openai, anthropic or responses")
     return History(messages, fmt, tuple(spans))
 
 

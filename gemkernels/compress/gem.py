@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from gemkernels.compress.blocks import BlockStructureError, History, Span, parse_history, reconstruct
+from gemkernels.compress.blocks import RESPONSES, BlockStructureError, History, Span, parse_history, reconstruct
 from gemkernels.compress.config import GEMConfig, resolve_config
 from gemkernels.compress.encoders import Encoder, EncodingDeferred, make_encoder
 from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
 from gemkernels.compress.guard import guarded_removals
 from gemkernels.compress.policy import budget_reason, could_repay, repay_reason, reselection_reason
 from gemkernels.compress.representation import block_text
+from gemkernels.compress.responses_items import item_identity
 from gemkernels.compress.sessions import SessionState, SessionStore
 from gemkernels.compress.tokens import TextCache, o200k_encode, serialise
 from gemkernels.select.api import select
@@ -152,7 +153,8 @@ class GEM:
 
         goal_text = goal if goal is not None else history.task_text(cfg.goal_from)
         state = self.store.get(store_key)
-        keys = tuple(block_identity(messages, span) for span in spans)
+        identity = responses_identity if history.format == RESPONSES else block_identity
+        keys = tuple(identity(messages, span) for span in spans)
         cache = state.block_cache if state is not None else {}
         encode_started = time.perf_counter()
         try:
@@ -310,6 +312,11 @@ def block_identity(messages: Sequence[Any], span: Span) -> str:
             name, arguments = function.get("name"), function.get("arguments")
             said.append((repr(name), arguments if isinstance(arguments, str) else repr(arguments)))
     return f"{span.key}\x1e{hash(tuple(said)):x}"
+
+
+def responses_identity(items: Sequence[Any], span: Span) -> str:
+    """`block_identity` for a Responses API ``input``: the call ids plus a hash of what the block's items say."""
+    return f"{span.key}\x1e{hash(tuple(item_identity(items[p]) for p in span.positions)):x}"
 
 
 def without_cache_marks(content: Any) -> Any:

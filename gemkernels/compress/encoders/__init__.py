@@ -13,8 +13,8 @@ from gemkernels.compress.encoders.base import Encoder, EncodingDeferred, Wrapped
 from gemkernels.compress.encoders.cache import CachedEncoder
 from gemkernels.compress.encoders.hashing import HashEncoder
 
-__all__ = ["CachedEncoder", "Encoder", "EncodingDeferred", "HashEncoder", "WrappedEncoder", "ENCODER_HELP", "is_hash_encoder",
-           "make_encoder", "normalise_rows"]
+__all__ = ["CachedEncoder", "Encoder", "EncodingDeferred", "HashEncoder", "WrappedEncoder", "ENCODER_HELP",
+           "is_hash_encoder", "make_encoder", "normalise_rows"]
 
 
 ENCODER_HELP = ("minilm (offline all-MiniLM-L6-v2, the default), hash, hash-<dim>, or openai:<model>[:<dimensions>] "

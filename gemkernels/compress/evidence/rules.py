@@ -1,9 +1,9 @@
 """Evidence protection (DESIGN.md §2.4; paper §5.2 and appendix B.2): the blocks GEM must keep.
 
-`gemkernels.compress.evidence.features.block_features` reads one block once (the caller caches it by ``block.key``): the paths it may
-have changed, whether it records an error, and the sources it read. Each rule is a small pure
-function over those features and the block embeddings that returns block indices in priority
-order; `protect` runs them all and the caller unions the picks. The detectors are cheap cues,
+`gemkernels.compress.evidence.features.block_features` reads one block once (the caller caches it by
+``block.key``): the paths it may have changed, whether it records an error, and the sources it read.
+Each rule is a small pure function over those features and the block embeddings that returns block
+indices in priority order; `protect` runs them all and the caller unions the picks. The detectors are cheap cues,
 not a model of the environment: a detected write is a *possible* change, not proof that it
 happened, and an error that ages out of the window is not thereby resolved (paper §5.2).
 """

@@ -1,0 +1,124 @@
+"""Blocks of an OpenAI Responses API ``input`` (DESIGN.md §2.1): tool calls with their outputs and reasoning.
+
+A removable block is a run of consecutive tool-call items (``function_call``, ``custom_tool_call``,
+``local_shell_call``), the ``reasoning`` items right before the run, and the ``*_output`` item answering each call
+(matched by ``call_id``, after its call). A reasoning item goes only with the calls it precedes, so a kept call keeps
+its reasoning and encrypted reasoning is never sent without its call. Messages of every role, ``compaction`` items,
+reasoning before a message, and items of any other type are never removed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from gemkernels.compress.blocks import Action, Block, BlockStructureError, Span
+
+#: Item types that call a tool, each answered by the item type it maps to.
+CALL_OUTPUTS = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output",
+                "local_shell_call": "local_shell_call_output"}
+OUTPUT_TYPES = frozenset(CALL_OUTPUTS.values())
+#: Item types that only the Responses API has (a list holding one is a Responses ``input``).
+RESPONSES_TYPES = frozenset(CALL_OUTPUTS) | OUTPUT_TYPES | {"reasoning", "compaction", "item_reference"}
+
+
+def is_responses_input(items: Sequence[Any]) -> bool:
+    """Whether ``items`` holds an item type of the Responses API (a chat history never does)."""
+    return any(isinstance(item, dict) and item.get("type") in RESPONSES_TYPES for item in items)
+
+
+def responses_spans(items: Sequence[dict[str, Any]]) -> list[Span]:
+    """The blocks of a Responses ``input``, in order; raises `BlockStructureError` for an output before or without
+    its call, a call id used twice, or a call without its output."""
+    blocks: list[tuple[list[int], list[str]]] = []
+    owner: dict[str, int] = {}  # call id -> its block
+    kind_of: dict[str, str] = {}
+    answered: set[str] = set()
+    reasoning: list[int] = []
+    in_run = False  # the previous item was a call: a further call joins its block
+    for i, item in enumerate(items):
+        kind = item.get("type")
+        call_id = item.get("call_id")
+        if kind in CALL_OUTPUTS:
+            if not isinstance(call_id, str) or not call_id:
+                raise BlockStructureError(f"input item {i} is a {kind} without a call_id")
+            if call_id in owner:
+                raise BlockStructureError(f"call_id {call_id!r} is used twice")
+            if not in_run:
+                blocks.append((reasoning, []))
+            owner[call_id], kind_of[call_id] = len(blocks) - 1, kind
+            blocks[-1][0].append(i)
+            blocks[-1][1].append(call_id)
+            reasoning, in_run = [], True
+            continue
+        in_run = False
+        if kind in OUTPUT_TYPES:
+            if not isinstance(call_id, str) or call_id not in owner:
+                raise BlockStructureError(f"input item {i} answers no earlier call (call_id {call_id!r})")
+            if call_id in answered:
+                raise BlockStructureError(f"call_id {call_id!r} is answered twice")
+            if CALL_OUTPUTS[kind_of[call_id]] != kind:
+                raise BlockStructureError(f"input item {i} is a {kind} for a {kind_of[call_id]}")
+            answered.add(call_id)
+            blocks[owner[call_id]][0].append(i)
+        elif kind == "reasoning":
+            reasoning = reasoning + [i]
+        else:
+            reasoning = []  # reasoning before a message (or anything else) stays with it
+    missing = next((call_id for call_id in owner if call_id not in answered), None)
+    if missing is not None:
+        raise BlockStructureError(f"call {missing!r} has no output")
+    return [Span(tuple(sorted(positions)), tuple(ids)) for positions, ids in blocks]
+
+
+def responses_block(items: Sequence[dict[str, Any]], span: Span) -> Block:
+    """Content of a Responses block: reasoning summaries, calls and outputs."""
+    chosen = [items[p] for p in span.positions]
+    outputs = [output_text(item) for item in chosen if item.get("type") in OUTPUT_TYPES]
+    return Block(span.positions, span.call_ids,
+                 reasoning="\n".join(reasoning_text(item) for item in chosen if item.get("type") == "reasoning"),
+                 text="",
+                 actions=tuple(Action(*call_action(item)) for item in chosen if item.get("type") in CALL_OUTPUTS),
+                 observations=tuple(text for text, _ in outputs), failed=any(failed for _, failed in outputs))
+
+
+def output_text(item: dict[str, Any]) -> tuple[str, bool]:
+    """An output item's text, and whether it reports a failure (Codex wraps shell output as
+    ``{"output": ..., "metadata": {"exit_code": ...}}``)."""
+    output = item.get("output")
+    if isinstance(output, list):  # content parts
+        output = "\n".join(part.get("text", "") for part in output if isinstance(part, dict))
+    if not isinstance(output, str):
+        return json.dumps(output, ensure_ascii=False, default=str), False
+    try:
+        wrapped = json.loads(output) if output.startswith("{") else None
+    except ValueError:
+        wrapped = None
+    if isinstance(wrapped, dict) and isinstance(wrapped.get("output"), str):
+        code = wrapped.get("metadata", {}).get("exit_code") if isinstance(wrapped.get("metadata"), dict) else None
+        return wrapped["output"], isinstance(code, int) and code != 0
+    return output, False
+
+
+def call_action(item: dict[str, Any]) -> tuple[str, str]:
+    """(tool name, arguments as text) of a call item."""
+    if item.get("type") == "local_shell_call":
+        action = item.get("action")
+        return "local_shell", json.dumps(action, ensure_ascii=False, default=str)
+    arguments = item.get("arguments") if item.get("type") == "function_call" else item.get("input")
+    return str(item.get("name", "")), arguments if isinstance(arguments, str) else json.dumps(arguments, default=str)
+
+
+def reasoning_text(item: dict[str, Any]) -> str:
+    """The readable part of a reasoning item: its summary texts (the encrypted content is opaque)."""
+    summary = item.get("summary")
+    if not isinstance(summary, list):
+        return ""
+    return "\n".join(part.get("text", "") for part in summary if isinstance(part, dict))
+
+
+def item_identity(item: dict[str, Any]) -> Any:
+    """What an item says, hashable: its type, call id, name, arguments or input, output and reasoning."""
+    return tuple(repr(item.get(key)) for key in ("type", "call_id", "name", "arguments", "input", "action", "output",
+                                                 "summary", "encrypted_content", "content"))
