@@ -11,7 +11,7 @@ its own run.
 
 `SelectionBatcher.select` is a drop-in for `gemkernels.select` that runs concurrent
 selections as one `gemkernels.select_batch` call (block encoding has its own fair queue:
-`gemkernels.serve.encoding`).
+`gemkernels.serve.embedding_queue`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from gemkernels.compress.sessions import SessionStore
 from gemkernels.select.api import warm_up
 from gemkernels.serve.batching import SelectionBatcher
 from gemkernels.serve.config import ServerConfig
-from gemkernels.serve.encoding import EncodingQueue
+from gemkernels.serve.embedding_queue import EncodingQueue
 from gemkernels.serve.metrics import Metrics
 
 logger = logging.getLogger("gemkernels.serve")

@@ -11,16 +11,15 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from helpers import EXAMPLE
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from helpers import EXAMPLE
 
 import gemkernels as gk
 from gemkernels.compress.blocks import parse_history
 from gemkernels.compress.encoders import EncodingDeferred, HashEncoder, WrappedEncoder
 from gemkernels.compress.gem import APPENDED, PASSTHROUGH, RESELECTED
-from gemkernels.serve.encoding import EncodingQueue
+from gemkernels.serve.embedding_queue import EncodingQueue
 
 MESSAGES = json.loads(EXAMPLE.read_text())["messages"]
 
