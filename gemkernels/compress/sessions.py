@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -63,11 +65,61 @@ class SessionStore:
             return len(self._items)
 
 
-def request_session(body: Mapping[str, Any]) -> str | None:
-    """The session a chat request names: its ``user``, else ``metadata.user_id`` (non-empty strings only), else None."""
-    if isinstance(body.get("user"), str) and body["user"]:
-        return body["user"]
+#: Request headers that name a conversation, first match wins: the proxy's own, Claude Code's, Codex's.
+SESSION_HEADERS = ("x-gem-session", "x-claude-code-session-id", "session_id", "session-id")
+
+
+def request_session(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> str | None:
+    """The session a request belongs to, or None (GEM then hashes the history's prefix).
+
+    The conversation is named by the first of `SESSION_HEADERS`, else the body's ``prompt_cache_key``, ``user``
+    or ``metadata.user_id`` (Claude Code's JSON form gives its ``session_id``); the session is that name plus a hash
+    of the request's instructions (system prompt), so a sub-agent or a side request (a title, a summary, a
+    classifier) sent under the same name is a session of its own and never resets the main one."""
+    name = next((headers.get(h) for h in SESSION_HEADERS if headers is not None and headers.get(h)), None)
+    if name is None:
+        name = body_session_name(body)
+    if name is None:
+        return None
+    digest = hashlib.blake2b(instructions_text(body).encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    return f"{name}#{digest}"
+
+
+def body_session_name(body: Mapping[str, Any]) -> str | None:
+    """``prompt_cache_key``, else ``user``, else ``metadata.user_id`` (non-empty strings only)."""
+    for value in (body.get("prompt_cache_key"), body.get("user")):
+        if isinstance(value, str) and value:
+            return value
     metadata = body.get("metadata")
-    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str) and metadata["user_id"]:
-        return metadata["user_id"]
-    return None
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    if not isinstance(user_id, str) or not user_id:
+        return None
+    if user_id.startswith("{"):
+        try:
+            parsed = json.loads(user_id)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(parsed.get("session_id"), str) and parsed["session_id"]:
+            return parsed["session_id"]
+    return user_id
+
+
+def instructions_text(body: Mapping[str, Any]) -> str:
+    """The text that says which agent is asking: Anthropic's ``system``, the Responses ``instructions``, and the
+    leading system or developer messages (cache breakpoints and other part fields left out)."""
+    texts = [text_of(body.get("system")), text_of(body.get("instructions"))]
+    history = body.get("messages") if isinstance(body.get("messages"), list) else body.get("input")
+    for message in history if isinstance(history, list) else ():
+        if not isinstance(message, dict) or message.get("role") not in ("system", "developer"):
+            break
+        texts.append(text_of(message.get("content")))
+    return "\x1e".join(texts)
+
+
+def text_of(value: Any) -> str:
+    """A string, or the ``text`` of each part of a list ('' for anything else)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(part["text"] for part in value if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return ""

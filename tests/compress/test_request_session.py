@@ -1,0 +1,54 @@
+"""Which session a request belongs to: the agent's own session headers and body fields, per agent (a sub-agent or
+a side request under the same name is a session of its own)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gemkernels.compress.sessions import request_session
+
+SYSTEM = [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
+BODY = {"system": SYSTEM, "messages": [{"role": "user", "content": "hi"}],
+        "metadata": {"user_id": "user_abc_account_1_session_2"}}
+
+
+def name(session: str | None) -> str | None:
+    return None if session is None else session.rsplit("#", 1)[0]
+
+
+@pytest.mark.parametrize("headers, body, expected", [
+    ({"x-gem-session": "g", "x-claude-code-session-id": "c"}, BODY, "g"),
+    ({"x-claude-code-session-id": "c", "session_id": "x"}, BODY, "c"),
+    ({"session_id": "codex-1"}, {"prompt_cache_key": "k"}, "codex-1"),
+    ({"session-id": "codex-2"}, {}, "codex-2"),
+    ({}, {"prompt_cache_key": "k", "user": "u"}, "k"),
+    ({}, {"user": "u", "metadata": {"user_id": "m"}}, "u"),
+    ({}, BODY, "user_abc_account_1_session_2"),
+    ({}, {"metadata": {"user_id": json.dumps({"device_id": "d", "session_id": "s-9"})}}, "s-9"),
+    ({}, {"metadata": {"user_id": "{not json"}}, "{not json"),
+    ({}, {"user": "", "prompt_cache_key": 3, "metadata": {"user_id": 5}}, None),
+    ({"x-gem-session": ""}, {}, None),
+])
+def test_the_session_is_named_by_the_agents_own_fields(headers, body, expected):
+    assert name(request_session(body, headers)) == expected
+    if expected is not None:
+        assert request_session(body, headers) == request_session(body, headers)  # deterministic
+
+
+def test_another_agent_under_the_same_name_is_another_session():
+    headers = {"x-claude-code-session-id": "c"}
+    main = request_session(BODY, headers)
+    title = request_session({**BODY, "system": "Generate a short title for this conversation."}, headers)
+    sub_agent = request_session({**BODY, "system": [{"type": "text", "text": "You are a search agent."}]}, headers)
+    assert len({main, title, sub_agent}) == 3 and {name(main), name(title), name(sub_agent)} == {"c"}
+    moved = [{"type": "text", "text": "You are Claude Code."}]  # the breakpoint moved: the same agent
+    assert request_session({**BODY, "system": moved}, headers) == main
+    chat = {"messages": [{"role": "system", "content": "agent A"}, {"role": "user", "content": "x"}], "user": "u"}
+    other = {"messages": [{"role": "system", "content": "agent B"}, {"role": "user", "content": "x"}], "user": "u"}
+    assert request_session(chat) != request_session(other)
+    responses = {"instructions": "codex rules", "input": [{"type": "message", "role": "developer",
+                                                           "content": [{"type": "input_text", "text": "d"}]}]}
+    assert request_session(responses, {"session_id": "s"}) != request_session(
+        {**responses, "instructions": "compact this conversation"}, {"session_id": "s"})
