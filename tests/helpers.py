@@ -63,3 +63,8 @@ def array_layout(raw: bytes, key: str = "messages"):
 
     parsed = parse_body(raw, key)
     return None if parsed is None else parsed[1]
+
+
+def same_role_pairs(messages: list[dict]) -> int:
+    """How many adjacent messages share a role (0 for a history that alternates)."""
+    return sum(a["role"] == b["role"] for a, b in zip(messages, messages[1:]))

@@ -5,7 +5,8 @@ those calls: OpenAI ``tool`` messages matched by ``tool_call_id``, or the Anthro
 message whose ``tool_result`` parts answer the ``tool_use`` parts. Everything else (the
 prefix, plain turns, legacy ``function_call``) is never removed. A Responses API ``input`` has its own blocks
 (`gemkernels.compress.responses_items`). Blocks refer to the caller's messages by position: parsing copies and
-changes nothing.
+changes nothing. A role/content history without tool calls may carry actions as text (mini-swe-agent, SWE-agent,
+Aider): its blocks are an action turn and its observation turn (`gemkernels.compress.text_actions`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gemkernels.compress.text_actions import TextActionProfile
 
 OPENAI, ANTHROPIC, RESPONSES = "openai", "anthropic", "responses"
+TEXT_ACTIONS = "text-actions"  # actions written in the messages' text (gemkernels.compress.text_actions)
 
 
 class BlockStructureError(ValueError):
@@ -89,14 +94,19 @@ class History:
             from gemkernels.compress.responses_items import responses_block
 
             return responses_block(self.messages, self.spans[i])
+        if self.format == TEXT_ACTIONS:
+            from gemkernels.compress.text_actions import text_block
+
+            return text_block(self.messages, self.spans[i])
         read = openai_block if self.format == OPENAI else anthropic_block
         return read(self.messages, self.spans[i])
 
     def task_text(self, which: str = "latest") -> str:
-        """The ``latest`` (or ``first``) user instruction that is not a tool result ('' if none)."""
-        order = reversed(self.messages) if which == "latest" else iter(self.messages)
-        for message in order:
-            if message.get("role") == "user" and not is_tool_result_message(message):
+        """The ``latest`` (or ``first``) user instruction that is not a tool result or in a block ('' if none)."""
+        order = range(len(self.messages))
+        for i in reversed(order) if which == "latest" else order:
+            message = self.messages[i]
+            if message.get("role") == "user" and i not in self.block_positions and not is_tool_result_message(message):
                 text = content_text(message.get("content"))
                 if text.strip():
                     return text
@@ -142,8 +152,12 @@ def detect_format(messages: Sequence[dict[str, Any]]) -> str:
     return OPENAI
 
 
-def parse_history(messages: Any, format: str = "auto") -> History:
-    """Split ``messages`` into blocks; raises `BlockStructureError` on anything unsafe to edit."""
+def parse_history(messages: Any, format: str = "auto",
+                  text_actions: Sequence[TextActionProfile] | None = None) -> History:
+    """Split ``messages`` into blocks; raises `BlockStructureError` on anything unsafe to edit.
+
+    ``text_actions``: the profiles of ``text-actions`` histories (None: every built-in one; ``()``: never), which
+    ``auto`` tries on a role/content history without tool calls."""
     if not isinstance(messages, (list, tuple)):
         raise BlockStructureError(f"messages must be a list, got {type(messages).__name__}")
     from gemkernels.compress.responses_items import is_responses_input, responses_spans
@@ -162,11 +176,23 @@ def parse_history(messages: Any, format: str = "auto") -> History:
     fmt = detect_format(messages) if format == "auto" else format
     if fmt == OPENAI:
         spans = openai_spans(messages)
+        if not spans and format == "auto" and (text := text_spans(messages, text_actions)):
+            fmt, spans = TEXT_ACTIONS, text
+    elif fmt == TEXT_ACTIONS:
+        spans = text_spans(messages, text_actions)
     elif fmt == ANTHROPIC:
         spans = anthropic_spans(messages)
     else:
-        raise ValueError(f"unknown message format {format!r}; choose auto, openai, anthropic or responses")
+        raise ValueError(f"unknown message format {format!r}; choose auto, openai, anthropic, responses or "
+                         "text-actions")
     return History(messages, fmt, tuple(spans))
+
+
+def text_spans(messages: Sequence[dict[str, Any]], profiles: Sequence[TextActionProfile] | None) -> list[Span]:
+    """The blocks of actions written as text (`gemkernels.compress.text_actions`; None: every built-in profile)."""
+    from gemkernels.compress.text_actions import PROFILES, text_action_spans
+
+    return text_action_spans(messages, tuple(PROFILES.values()) if profiles is None else profiles)
 
 
 def openai_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from gemkernels.compress.evidence import EvidenceConfig
+from gemkernels.compress.text_actions import text_action_profiles
 from gemkernels.compress.tokens import Prices
 
 
@@ -45,7 +46,12 @@ class GEMConfig:
     ``keep_recent_size``: a rewrite keeps GEM's picks (protected first, then residual completion order)
     while their tokens fit those of the newest ``k`` blocks (the size amortized forgetting keeps;
     protected blocks are kept even past it), instead of at most ``k`` blocks. Tokens are the GEM's
-    token counter's, or serialised characters / 4 without one."""
+    token counter's, or serialised characters / 4 without one.
+
+    ``text_actions``: the profiles that find blocks in a history without tool calls whose actions are written as text
+    (`gemkernels.compress.text_actions.text_action_profiles`): ``auto`` (all), ``off``, or names among
+    ``mini-swe-agent``, ``swe-agent``, ``aider`` and ``pattern``, the user's own ``text_action_regex`` (its last group
+    is the command, in the assistant text) with ``text_observation_regex`` (searched in the next user text)."""
 
     tau: float = 0.90
     k: int = 16
@@ -63,6 +69,9 @@ class GEMConfig:
     delta: float = 0.05
     max_text_chars: int = 12_000
     backend: str = "auto"
+    text_actions: str = "auto"
+    text_action_regex: str = ""
+    text_observation_regex: str = ""
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
 
     def __post_init__(self) -> None:
@@ -82,6 +91,7 @@ class GEMConfig:
             raise ValueError(f"repay_factor must be positive, got {self.repay_factor}")
         if self.goal_from not in ("latest", "first"):
             raise ValueError(f"goal_from must be 'latest' or 'first', got {self.goal_from!r}")
+        text_action_profiles(self.text_actions, self.text_action_regex, self.text_observation_regex)
         try:
             Prices(self.cached_price, self.uncached_price)  # the one rule for a pair of prices
         except ValueError as err:
@@ -128,8 +138,9 @@ OVERRIDE_HELP = ("override a field of the preset's GEMConfig (repeatable), e.g. 
 
 
 def with_overrides(config: GEMConfig | str, overrides: Sequence[str]) -> GEMConfig:
-    """``config`` (or a preset name) with each ``field=value`` applied (a Python literal, a plain string for
-    ``backend``; ``evidence.<field>`` for the evidence limits); ``ValueError`` naming a bad item."""
+    """``config`` (or a preset name) with each ``field=value`` applied (a Python literal, the plain text for a
+    string field such as ``backend`` or ``text_actions``; ``evidence.<field>`` for the evidence limits); ``ValueError``
+    naming a bad item."""
     top: dict[str, Any] = {}
     evidence: dict[str, Any] = {}
     types = {f.name: str(f.type) for f in fields(GEMConfig) if f.name != "evidence"}

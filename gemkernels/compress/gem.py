@@ -27,6 +27,7 @@ from gemkernels.compress.policy import budget_reason, could_repay, repay_reason,
 from gemkernels.compress.representation import block_text
 from gemkernels.compress.responses_items import item_identity
 from gemkernels.compress.sessions import SessionState, SessionStore
+from gemkernels.compress.text_actions import text_action_profiles
 from gemkernels.compress.tokens import TextCache, o200k_encode, serialise
 from gemkernels.select.api import select
 from gemkernels.select.arrays import to_numpy
@@ -99,6 +100,8 @@ class GEM:
                  select_fn: Callable[..., Selection] = select):
         """``select_fn`` runs the selection (`gk.select`'s signature); a server passes a cross-session batcher."""
         self.config = resolve_config(config)
+        cfg = self.config
+        self.text_actions = text_action_profiles(cfg.text_actions, cfg.text_action_regex, cfg.text_observation_regex)
         self.encoder = make_encoder(encoder) if isinstance(encoder, str) else encoder
         self.store = store if store is not None else SessionStore()  # an empty store is falsy (__len__)
         self.count_tokens = default_token_counter() if token_counter == "auto" else token_counter
@@ -108,7 +111,8 @@ class GEM:
         self.select_fn = select_fn
 
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None,
-                 message_sizes: Sequence[int] | None = None, tenant: str | None = None) -> Compressed:
+                 message_sizes: Sequence[int] | None = None, tenant: str | None = None,
+                 save: bool = True) -> Compressed:
         """Compress one request; never raises for bad input, never mutates ``messages``.
 
         ``tenant``: whose session this is (a proxy passes a hash of the caller's credential): sessions of two
@@ -116,17 +120,19 @@ class GEM:
 
         ``message_sizes``: the bytes each message takes in the body that will go out (a proxy forwarding the
         client's bytes passes them), which the guard's budget and the stats' characters then count; default the
-        length of each message's JSON."""
+        length of each message's JSON.
+
+        ``save=False``: a dry run (what this request would be forwarded as), leaving the session as it was."""
         started = time.perf_counter()
         try:
-            history = parse_history(messages)
+            history = parse_history(messages, text_actions=self.text_actions)
         except BlockStructureError as err:
             return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
         if message_sizes is not None and len(message_sizes) != len(history.messages):
             return self._passthrough(messages, f"{len(message_sizes)} message sizes for {len(history.messages)} "
                                      "messages", session_id, started)
         try:
-            return self._compress(history, session_id, goal, started, message_sizes, tenant)
+            return self._compress(history, session_id, goal, started, message_sizes, tenant, save)
         except Exception as err:  # the request must go out whatever happened here
             logger.exception("gemkernels: compression failed; forwarding the original request")
             return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
@@ -139,7 +145,7 @@ class GEM:
         return Compressed(messages, stats)
 
     def _compress(self, history: History, session_id: str | None, goal: str | None, started: float,
-                  message_sizes: Sequence[int] | None, tenant: str | None) -> Compressed:
+                  message_sizes: Sequence[int] | None, tenant: str | None, save: bool) -> Compressed:
         cfg = self.config
         messages, spans = history.messages, history.spans
         n = len(spans)
@@ -155,7 +161,7 @@ class GEM:
         state = self.store.get(store_key)
         identity = responses_identity if history.format == RESPONSES else block_identity
         keys = tuple(identity(messages, span) for span in spans)
-        cache = state.block_cache if state is not None else {}
+        cache = {} if state is None else state.block_cache if save else dict(state.block_cache)  # a dry run adds none
         encode_started = time.perf_counter()
         try:
             infos, encoded = self._block_infos(history, keys, cache)
@@ -200,8 +206,9 @@ class GEM:
         select_seconds = time.perf_counter() - select_started
 
         out = reconstruct(history, forwarded)
-        self.store.put(store_key, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text, selected_at,
-                                                dict(zip(keys, infos)), sum(info.nbytes for info in infos)))
+        if save:
+            self.store.put(store_key, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text,
+                                                    selected_at, dict(zip(keys, infos)), sum(i.nbytes for i in infos)))
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
         if self.count_tokens is not None:

@@ -52,3 +52,19 @@ def test_another_agent_under_the_same_name_is_another_session():
                                                            "content": [{"type": "input_text", "text": "d"}]}]}
     assert request_session(responses, {"session_id": "s"}) != request_session(
         {**responses, "instructions": "compact this conversation"}, {"session_id": "s"})
+
+
+def test_a_dry_run_forwards_what_the_request_would_and_leaves_the_session_as_it_was():
+    import gemkernels as gk
+    from gemkernels.testing.histories import synthetic_history
+
+    gem = gk.GEM("paper", encoder="hash", token_counter=None)
+    messages = synthetic_history(60, seed=3)
+    first = gem.compress(messages[:-10], session_id="s")
+    state = gem.store.get("s")
+    cached = dict(state.block_cache)
+    dry = gem.compress(messages, session_id="s", save=False)
+    assert gem.store.get("s") is state and state.block_cache == cached  # nothing saved, nothing added
+    real = gem.compress(messages, session_id="s")
+    assert dry.messages == real.messages and dry.stats.removed_blocks == real.stats.removed_blocks
+    assert first.stats.action == "reselected" and gem.store.get("s") is not state
