@@ -1,4 +1,9 @@
-"""``gem serve --upstream URL``: the compressing OpenAI- and Anthropic-compatible proxy (`gemkernels.serve`)."""
+"""``gem serve --upstream URL``: the compressing OpenAI- and Anthropic-compatible proxy (`gemkernels.serve`).
+
+Connections are bounded in time (defaults and their reasons: `gemkernels.serve.connections`): request headers must
+be complete ``--header-timeout`` s after a connection opens or a new request starts, an idle connection closes
+``--keep-alive-timeout`` s after its last response, and a body with no byte for ``--body-timeout`` s gets a 408.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,16 @@ from typing import Any
 from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
 from gemkernels.compress.encoders import ENCODER_HELP
+from gemkernels.serve.config import ServerConfig
+from gemkernels.serve.connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_KEEP_ALIVE_TIMEOUT
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def add_parser(subparsers: Any) -> None:
@@ -34,6 +49,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--max-session-mb", type=float, default=1024,
                    help="what all sessions may hold (block embeddings and keys), in MiB; the least recently used go "
                         "first (default %(default)s)")
+    p.add_argument("--header-timeout", type=seconds, default=DEFAULT_HEADER_TIMEOUT,
+                   help="close a connection whose request headers are not complete this many seconds after it "
+                        "opened or after a new request began (slowloris, idle sockets; default %(default)s)")
+    p.add_argument("--keep-alive-timeout", type=seconds, default=DEFAULT_KEEP_ALIVE_TIMEOUT,
+                   help="close a connection idle this many seconds after its last response; longer than clients' "
+                        "idle expiry (httpx: 5 s), so the client closes first (default %(default)s)")
+    p.add_argument("--body-timeout", type=seconds, default=ServerConfig.body_timeout,
+                   help="answer 408 and close when a request body sends no byte for this many seconds "
+                        "(default %(default)s)")
     p.add_argument("--no-compress-endpoint", dest="compress_endpoint", action="store_false",
                    help="do not serve POST /v1/gem/compress")
     p.add_argument("--compress-token-env", metavar="NAME",
@@ -48,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gemkernels.compress.config import with_overrides
-    from gemkernels.serve.app import ServerConfig, create_app
+    from gemkernels.serve.app import create_app
+    from gemkernels.serve.connections import uvicorn_options
     from gemkernels.serve.redact import QueryCredentialFilter
 
     try:
@@ -64,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
                           max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, workers=args.workers,
                           max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout,
                           max_body_bytes=int(args.max_body_mb * (1 << 20)),
-                          max_session_bytes=int(args.max_session_mb * (1 << 20)),
+                          max_session_bytes=int(args.max_session_mb * (1 << 20)), body_timeout=args.body_timeout,
                           compress_endpoint=args.compress_endpoint,
                           compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)
     logging.getLogger("gemkernels").setLevel(logging.INFO)
     logging.getLogger("uvicorn.access").addFilter(QueryCredentialFilter())
     uvicorn.run(create_app(config), host=args.host, port=args.port, timeout_graceful_shutdown=60,
-                log_level="info")
+                log_level="info", **uvicorn_options(args.header_timeout, args.keep_alive_timeout))
     return 0
 

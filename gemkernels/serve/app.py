@@ -17,6 +17,10 @@ Contracts (DESIGN.md §5):
   ``metadata.user_id``, else GEM's prefix hash; requests of one session are compressed one at a time;
 - selection and block encoding of concurrent requests run batched (`gemkernels.serve.batching`, in `gemkernels.serve.compressor`);
 - bounded: at most ``max_pending`` compressions queued or running, GEM's session store bounded;
+  a body past ``max_body_bytes`` gets a 413, one with no byte for ``body_timeout`` seconds a 408 (both with
+  ``Connection: close``); under ``gem serve``, headers not complete ``--header-timeout`` seconds after a
+  connection opened or a new request began close it, and so does ``--keep-alive-timeout`` idle
+  (`gemkernels.serve.connections`);
   shutdown (uvicorn's graceful shutdown) drains in-flight requests before the batchers stop;
 - with ``--set backend=triton`` on a GPU, or ``--set backend=numba``, the selection kernels are compiled at
   start-up, not on the first requests (`gemkernels.select.api.warm_up`).
@@ -77,31 +81,45 @@ def tenant_of(headers: Mapping[str, str]) -> str:
     return "anonymous"
 
 
-async def read_body(request: Request, limit: int) -> bytes | None:
-    """The request body, or None once it passes ``limit`` bytes (declared or streamed: never more is held)."""
+async def read_body(request: Request, limit: int, timeout: float) -> bytes | Response:
+    """The request body, or the error to answer instead: 413 once it passes ``limit`` bytes (declared or streamed:
+    never more is held), 408 when ``timeout`` seconds pass without a byte of it (a stalled upload)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        return None
+        return too_large(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), timeout)
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except asyncio.TimeoutError:
+            return body_unread(408, "request_timeout", f"no byte of the request body came for {timeout:g} s "
+                               "(gem serve --body-timeout)")
         size += len(chunk)
         if size > limit:
-            return None
+            return too_large(limit)
         chunks.append(chunk)
-    return b"".join(chunks)
 
 
-def too_large(limit: int) -> Response:
-    """413 for a body past ``limit``; the connection closes, since the rest of the body was not read."""
-    response = error_response(413, "request_too_large", f"the request body is larger than {limit} bytes "
-                              "(gem serve --max-body-mb raises the limit)")
+def body_unread(status: int, kind: str, message: str) -> Response:
+    """An error answered before the body was read in full; the connection closes, since the rest is never read."""
+    response = error_response(status, kind, message)
     response.headers["connection"] = "close"
     return response
 
 
+def too_large(limit: int) -> Response:
+    """413 for a body past ``limit``."""
+    return body_unread(413, "request_too_large", f"the request body is larger than {limit} bytes "
+                       "(gem serve --max-body-mb raises the limit)")
+
+
 def session_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
-    """``X-GEM-Session``, else the body's ``user``, else ``metadata.user_id``, else None (prefix hash)."""
-    return headers.get(SESSION_HEADER) or request_session(body)
+    """The session a request belongs to (`gemkernels.compress.sessions.request_session`: Claude Code's and Codex's
+    session headers, ``X-GEM-Session`` first, then the body, each per agent), else None (prefix hash)."""
+    return request_session(body, headers)
 
 
 def upstream_url(base: str, path: str) -> str:
@@ -128,6 +146,11 @@ def error_response(status: int, kind: str, message: str) -> JSONResponse:
 READY_TIMEOUT_S = 3.0
 #: Headers httpx adds to every request by default; the upstream must see only what the client sent.
 HTTPX_DEFAULT_HEADERS = ("accept", "accept-encoding", "user-agent")
+#: Upstream clients (connection pools) the requests are spread over, each to the one with the fewest requests
+#: awaiting an answer (a light load stays on the first pool's warm connections). httpcore 1.0's pool scans all of
+#: its connections for each idle one whenever a request starts or ends (O(n^2) in the connections), which made
+#: forwarding alone collapse past ~100 requests in flight; k pools cut that work k^2-fold (bench/RESULTS.md §i).
+UPSTREAM_POOLS = 32
 
 
 def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
@@ -138,24 +161,29 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         timeout = httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0))
-        state["client"] = httpx.AsyncClient(timeout=timeout, transport=transport,
-                                            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-        for name in HTTPX_DEFAULT_HEADERS:
-            del state["client"].headers[name]
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        verify = httpx.create_ssl_context()  # one CA bundle load (~30 ms) for all the clients
+        clients = [httpx.AsyncClient(timeout=timeout, transport=transport, limits=limits, verify=verify)
+                   for _ in range(1 if transport is not None else UPSTREAM_POOLS)]
+        for client in clients:
+            for name in HTTPX_DEFAULT_HEADERS:
+                del client.headers[name]
+        state["client"], state["clients"], state["awaiting"] = clients[0], clients, [0] * len(clients)
         state["compressor"] = Compressor(config, metrics)
         await asyncio.get_running_loop().run_in_executor(None, warm_up_kernels, state["compressor"])
         try:
             yield
         finally:
-            await state["client"].aclose()
+            for client in clients:
+                await client.aclose()
             await asyncio.get_running_loop().run_in_executor(None, state["compressor"].close)
 
     async def proxy(request: Request) -> Response:
         route = request.url.path
-        raw = await read_body(request, config.max_body_bytes)
-        if raw is None:
-            metrics.requests.labels(route, "refused").inc()
-            return too_large(config.max_body_bytes)
+        raw = await read_body(request, config.max_body_bytes, config.body_timeout)
+        if isinstance(raw, Response):
+            metrics.requests.labels(route, "refused" if raw.status_code == 413 else "body_timeout").inc()
+            return raw
         body, layout = parse_body(raw, "messages") or (json_object(raw), None)  # one parse lays the body out
         content = raw
         if body is None or not isinstance(body.get("messages"), list):
@@ -178,10 +206,13 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         return await forward(request, content)
 
     async def forward(request: Request, content: bytes) -> Response:
-        client: httpx.AsyncClient = state["client"]
+        awaiting: list[int] = state["awaiting"]
+        pool = awaiting.index(min(awaiting))
+        client: httpx.AsyncClient = state["clients"][pool]
         headers = [(k, v) for k, v in request.headers.raw if k.lower() not in NOT_FORWARDED]  # bytes as sent
         upstream = client.build_request(request.method, upstream_url(config.upstream, request.url.path),
                                         params=request.query_params, headers=headers, content=content)
+        awaiting[pool] += 1
         try:
             response = await client.send(upstream, stream=True)
         except httpx.TimeoutException as err:
@@ -192,6 +223,8 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
             metrics.upstream_errors.labels("unreachable").inc()
             return error_response(502, "upstream_unreachable",
                                   f"the upstream could not be reached ({type(err).__name__})")
+        finally:
+            awaiting[pool] -= 1
         if response.status_code >= 500:
             metrics.upstream_errors.labels(f"status_{response.status_code}").inc()
         relayed = StreamingResponse(relay(response), status_code=response.status_code,
@@ -215,9 +248,9 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         if config.compress_token is not None and not hmac.compare_digest(
                 request.headers.get("x-gem-token", "").encode("latin-1"), config.compress_token.encode()):
             return error_response(401, "unauthorized", "POST /v1/gem/compress needs this proxy's X-GEM-Token")
-        raw = await read_body(request, config.max_body_bytes)
-        if raw is None:
-            return too_large(config.max_body_bytes)
+        raw = await read_body(request, config.max_body_bytes, config.body_timeout)
+        if isinstance(raw, Response):
+            return raw
         body = json_object(raw)
         if body is None or not isinstance(body.get("messages"), list):
             return error_response(400, "invalid_request", "the body must be a JSON object with a 'messages' list")
@@ -226,7 +259,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
             session = session_of(request.headers, body)
         result = await state["compressor"].compress(request.url.path, body["messages"], session,
                                                     goal if isinstance(goal, str) else None,
-                                                    tenant=tenant_of(request.headers))
+                                                    tenant=tenant_of(request.headers), wait_for_encoding=True)
         if result is None:
             return AsciiJSONResponse({"messages": body["messages"], "stats": None})
         return AsciiJSONResponse({"messages": result.messages, "stats": result.stats.to_dict()})

@@ -4,7 +4,8 @@ The upstream records every request (path, headers, raw body) and answers by ``mo
 ``fail`` -> 500 with a JSON error, ``hang`` -> sleeps ``HANG_S`` before answering, ``drop`` -> a stream
 cut off after two events, ``slow`` -> answers after 0.3 s; otherwise a chat completion (or three
 server-sent events and ``[DONE]`` when ``stream`` is true) naming how many messages arrived. A body
-that is not JSON gets a 400 that quotes it.
+that is not JSON gets a 400 that quotes it. ``delay_s`` delays every answer (a model's latency, for load
+benchmarks); ``record=False`` keeps no requests (bounded memory under load).
 """
 
 from __future__ import annotations
@@ -40,11 +41,16 @@ class Received:
 @dataclass
 class FakeUpstream:
     received: list[Received] = field(default_factory=list)
+    delay_s: float = 0.0
+    record: bool = True
 
     def app(self) -> Starlette:
         async def chat(request: Request) -> Response:
             raw = await request.body()
-            self.received.append(Received(request.url.path, dict(request.headers), raw))
+            if self.record:
+                self.received.append(Received(request.url.path, dict(request.headers), raw))
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
             try:
                 body = json.loads(raw)
             except ValueError:
@@ -93,13 +99,15 @@ def free_port() -> int:
 
 
 class ServerThread:
-    """``app`` served by uvicorn on 127.0.0.1 in a daemon thread; ``url`` is its root."""
+    """``app`` served by uvicorn on 127.0.0.1 in a daemon thread; ``url`` is its root; ``options`` are more
+    ``uvicorn.Config`` arguments (``http``, ``timeout_keep_alive``, ...)."""
 
-    def __init__(self, app: Any, graceful_s: float = 1.0):
+    def __init__(self, app: Any, graceful_s: float = 1.0, **options: Any):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        options = {"timeout_keep_alive": 60, **options}
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    timeout_graceful_shutdown=graceful_s, timeout_keep_alive=60))
+                                                    timeout_graceful_shutdown=graceful_s, **options))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10
