@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from typing import Any
@@ -31,7 +32,12 @@ def seconds(text: str) -> float:
 def add_parser(subparsers: Any) -> None:
     """Register ``gem serve``."""
     p = subparsers.add_parser("serve", help="run the compressing OpenAI/Anthropic-compatible proxy")
-    p.add_argument("--upstream", required=True, help="the API to forward to, e.g. https://api.openai.com/v1")
+    p.add_argument("--upstream", required=True,
+                   help="the OpenAI-format API (chat completions, responses), and the Anthropic-format one unless "
+                        "--anthropic-upstream is given, e.g. https://api.openai.com/v1")
+    p.add_argument("--anthropic-upstream", metavar="URL",
+                   help="the Anthropic-format API for /v1/messages, e.g. https://api.anthropic.com, so one proxy "
+                        "serves Codex and Claude Code at once (default: --upstream)")
     p.add_argument("--host", default="127.0.0.1", help="default %(default)s")
     p.add_argument("--port", type=int, default=8088, help="default %(default)s")
     p.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="default %(default)s")
@@ -58,6 +64,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--body-timeout", type=seconds, default=ServerConfig.body_timeout,
                    help="answer 408 and close when a request body sends no byte for this many seconds "
                         "(default %(default)s)")
+    p.add_argument("--encode-budget-ms", type=float, default=200.0,
+                   help="longest a request waits for its blocks' embeddings; past it, it goes out with the new blocks "
+                        "appended (or unchanged) while they finish encoding for the next call; 'inf': no limit "
+                        "(default %(default)s)")
+    p.add_argument("--count-compressed", action="store_true",
+                   help="POST /v1/messages/count_tokens counts the request as it would be forwarded, so an agent's "
+                        "own auto-compaction sees the compressed size")
     p.add_argument("--no-compress-endpoint", dest="compress_endpoint", action="store_false",
                    help="do not serve POST /v1/gem/compress")
     p.add_argument("--compress-token-env", metavar="NAME",
@@ -90,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
                           max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout,
                           max_body_bytes=int(args.max_body_mb * (1 << 20)),
                           max_session_bytes=int(args.max_session_mb * (1 << 20)), body_timeout=args.body_timeout,
-                          compress_endpoint=args.compress_endpoint,
+                          compress_endpoint=args.compress_endpoint, anthropic_upstream=args.anthropic_upstream,
+                          encode_budget=None if math.isinf(args.encode_budget_ms) else max(0.0, args.encode_budget_ms)
+                          / 1000, count_compressed=args.count_compressed,
                           compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)
     logging.getLogger("gemkernels").setLevel(logging.INFO)
     logging.getLogger("uvicorn.access").addFilter(QueryCredentialFilter())

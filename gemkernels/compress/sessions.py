@@ -65,8 +65,10 @@ class SessionStore:
             return len(self._items)
 
 
+#: The proxy's own session header (never forwarded upstream).
+GEM_SESSION_HEADER = "x-gem-session"
 #: Request headers that name a conversation, first match wins: the proxy's own, Claude Code's, Codex's.
-SESSION_HEADERS = ("x-gem-session", "x-claude-code-session-id", "session_id", "session-id")
+SESSION_HEADERS = (GEM_SESSION_HEADER, "x-claude-code-session-id", "session_id", "session-id")
 
 
 def request_session(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> str | None:

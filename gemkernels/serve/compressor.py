@@ -63,10 +63,10 @@ class Compressor:
 
     async def compress(self, route: str, messages: Any, session_id: str | None, goal: str | None = None,
                        message_sizes: Sequence[int] | None = None, tenant: str | None = None,
-                       wait_for_encoding: bool = False) -> Compressed | None:
+                       wait_for_encoding: bool = False, save: bool = True) -> Compressed | None:
         """`GEM.compress` in the pool (``message_sizes``: each message's bytes in the body that will go out;
-        ``tenant``: whose sessions these are; ``wait_for_encoding``: no encoding budget); None when the request
-        must go out unchanged for a reason outside GEM."""
+        ``tenant``: whose sessions these are; ``wait_for_encoding``: no encoding budget; ``save=False``: a dry run);
+        None when the request must go out unchanged for a reason outside GEM."""
         deadline = None if wait_for_encoding or self.encode_budget is None else time.monotonic() + self.encode_budget
         if self.pending >= self.max_pending:
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
@@ -76,7 +76,7 @@ class Compressor:
         self.metrics.pending.inc()
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._compress, messages, session_id, goal, message_sizes, tenant, deadline)
+                self.executor, self._compress, messages, session_id, goal, message_sizes, tenant, deadline, save)
         except Exception:
             logger.exception("gemkernels: compression crashed; forwarding the original request")
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
@@ -89,13 +89,14 @@ class Compressor:
         return result
 
     def _compress(self, messages: Any, session_id: str | None, goal: str | None,
-                  message_sizes: Sequence[int] | None, tenant: str | None, deadline: float | None) -> Compressed:
+                  message_sizes: Sequence[int] | None, tenant: str | None, deadline: float | None,
+                  save: bool) -> Compressed:
         key = session_id if session_id is not None else json.dumps(messages[:2], default=str, sort_keys=True)
         key = f"{tenant}\x1f{key}"
         stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little") % LOCK_STRIPES
         with self.locks[stripe], self.encoder.deadline(deadline):
             return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
-                                     tenant=tenant)
+                                     tenant=tenant, save=save)
 
     def close(self) -> None:
         """Finish queued compressions, then stop the batchers."""

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gemkernels.serve.formats import ANTHROPIC_UPSTREAM, OPENAI_UPSTREAM
+
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Everything ``gem serve`` needs; ``upstream`` is the API root (``http://host:port`` or ``.../v1``);
+    """Everything ``gem serve`` needs; ``upstream`` is the OpenAI-format API root (``http://host:port`` or
+    ``.../v1``), ``anthropic_upstream`` the Anthropic-format one (None: ``upstream`` serves both);
     ``overrides`` are ``field=value`` items applied to the preset (`config.with_overrides`); ``max_body_bytes``
     bounds a request body (413 past it), ``max_session_bytes`` what the sessions hold in all;
     ``compress_endpoint`` serves ``POST /v1/gem/compress``, and with ``compress_token`` only to callers that send
     it as ``X-GEM-Token``; a proxied request waits for its blocks' embeddings ``encode_budget`` seconds at most
     (None: no limit), and ``encode_cache_bytes`` of embeddings are kept for the requests that gave up waiting;
-    a request body with no byte for ``body_timeout`` seconds gets a 408 (`gemkernels.serve.connections`)."""
+    a request body with no byte for ``body_timeout`` seconds gets a 408 (`gemkernels.serve.connections`);
+    ``count_compressed``: ``POST /v1/messages/count_tokens`` counts the request as it would be forwarded."""
 
     upstream: str
     preset: str = "paper"
@@ -32,3 +36,9 @@ class ServerConfig:
     encode_budget: float | None = 0.2
     encode_cache_bytes: int = 128 << 20
     body_timeout: float = 30.0
+    anthropic_upstream: str | None = None
+    count_compressed: bool = False
+
+    def upstream_roots(self) -> dict[str, str]:
+        """Format -> API root (`gemkernels.serve.formats`)."""
+        return {OPENAI_UPSTREAM: self.upstream, ANTHROPIC_UPSTREAM: self.anthropic_upstream or self.upstream}

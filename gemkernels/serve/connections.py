@@ -3,7 +3,7 @@
 uvicorn 0.54 (its h11 and httptools protocols alike) has one timer, ``timeout_keep_alive``, armed only once a
 response is complete and cancelled by the first byte of the next request. So a connection that never sends a byte,
 or sends its headers a byte every few seconds (slowloris), is held forever; so is a request whose body stalls (the
-app waits in ``receive``; `gemkernels.serve.app.read_body` times that out). `HeaderDeadline` adds the missing timer:
+app waits in ``receive``; `gemkernels.serve.serving.read_body` times that out). `HeaderDeadline` adds the missing timer:
 a connection whose request headers are not complete ``header_timeout`` seconds after it opened, or after the first
 byte that follows a response, is closed (nothing is sent: no request was read that could be answered).
 

@@ -6,6 +6,11 @@ cut off after two events, ``slow`` -> answers after 0.3 s; otherwise a chat comp
 server-sent events and ``[DONE]`` when ``stream`` is true) naming how many messages arrived. A body
 that is not JSON gets a 400 that quotes it. ``delay_s`` delays every answer (a model's latency, for load
 benchmarks); ``record=False`` keeps no requests (bounded memory under load).
+
+``POST /v1/responses`` answers as the Responses API does (a response object, or its ``response.*`` events when
+``stream`` is true) naming how many input items arrived; ``POST /v1/messages/count_tokens`` answers
+``{"input_tokens": bytes // 4}``; ``GET /v1/models`` lists one model; a path holding ``/missing`` is a 404; any
+other method and path is echoed (``{"method", "path", "query", "body_bytes"}``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class Received:
     path: str
     headers: dict[str, str]
     raw: bytes
+    method: str = "POST"
+    query: str = ""
 
     @property
     def body(self) -> Any:
@@ -62,6 +69,8 @@ class FakeUpstream:
                 await asyncio.sleep(HANG_S)
             if model == "slow":
                 await asyncio.sleep(0.3)
+            if request.url.path == "/v1/responses":
+                return responses_answer(body, model)
             n = len(body.get("messages") or [])
             if body.get("stream") or model == "drop":
                 return StreamingResponse(events(n, drop=model == "drop"), media_type="text/event-stream")
@@ -71,8 +80,51 @@ class FakeUpstream:
                                      "usage": {"input_tokens": 1, "output_tokens": 1}})
             return JSONResponse(completion(model, f"got {n}"))
 
+        async def other(request: Request) -> Response:
+            raw = await request.body()
+            if self.record:
+                self.received.append(Received(request.url.path, dict(request.headers), raw, request.method,
+                                              request.url.query))
+            if request.url.path == "/v1/messages/count_tokens":
+                return JSONResponse({"input_tokens": len(raw) // 4})
+            if "/missing" in request.url.path:
+                return JSONResponse({"error": {"message": "no such route", "type": "not_found"}}, status_code=404)
+            if request.url.path == "/v1/models" and request.method == "GET":
+                return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
+            return JSONResponse({"method": request.method, "path": request.url.path, "query": request.url.query,
+                                 "body_bytes": len(raw)}, headers={"x-echo": "1"})
+
         return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                                 Route("/v1/messages", chat, methods=["POST"])])
+                                 Route("/v1/messages", chat, methods=["POST"]),
+                                 Route("/v1/responses", chat, methods=["POST"]),
+                                 Route("/{path:path}", other, methods=list(ALL_METHODS))])
+
+
+#: The methods the catch-all routes answer.
+ALL_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+
+
+def responses_answer(body: dict[str, Any], model: Any) -> Response:
+    """A Responses API answer naming how many input items arrived: JSON, or its server-sent events."""
+    n = len(body["input"]) if isinstance(body.get("input"), list) else 1
+    response = {"id": "resp_1", "object": "response", "status": "completed", "model": model,
+                "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": f"got {n}", "annotations": []}]}],
+                "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}}
+    if not body.get("stream"):
+        return JSONResponse(response)
+
+    async def stream():
+        created = {**response, "status": "in_progress", "output": []}
+        sequence = [("response.created", {"response": created}),
+                    ("response.output_text.delta", {"item_id": "msg_1", "output_index": 0, "delta": "got "}),
+                    ("response.output_text.delta", {"item_id": "msg_1", "output_index": 0, "delta": str(n)}),
+                    ("response.completed", {"response": response})]
+        for number, (kind, data) in enumerate(sequence):
+            yield f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': number, **data})}\n\n".encode()
+            await asyncio.sleep(0.005)
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
 
 
 def completion(model: str, text: str) -> dict[str, Any]:

@@ -26,3 +26,26 @@ def synthetic_history(num_blocks: int, seed: int = 0) -> list[dict]:
                                                       "arguments": json.dumps({"command": f"grep -n {topic}"})}}]})
         messages.append({"role": "tool", "tool_call_id": call_id, "content": f"{topic}\n{words}"})
     return messages
+
+
+def synthetic_responses_input(num_blocks: int, seed: int = 0) -> list[dict]:
+    """`synthetic_history` as a Responses API ``input`` (Codex's shape): developer and user messages, then per step
+    a reasoning item, a ``shell`` function call and its output, and now and then an assistant message."""
+    items: list[dict] = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "Fix the failing migration test in models.py"}]}]
+    for message in synthetic_history(num_blocks, seed)[2:]:
+        if message["role"] == "assistant":
+            call = message["tool_calls"][0]
+            items.append({"type": "reasoning", "summary": [{"type": "summary_text", "text": message["content"]}],
+                          "encrypted_content": f"gAAAA{call['id']}"})
+            items.append({"type": "function_call", "name": "shell", "arguments": call["function"]["arguments"],
+                          "call_id": call["id"]})
+        else:
+            items.append({"type": "function_call_output", "call_id": message["tool_call_id"],
+                          "output": json.dumps({"output": message["content"], "metadata": {"exit_code": 0}})})
+            if len(items) % 7 == 0:
+                items.append({"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": "Progress so far."}]})
+    return items

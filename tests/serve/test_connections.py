@@ -244,7 +244,7 @@ ERRORS = {  # name -> (method, path, body, declared length or None, expected sta
     "400_upstream_relayed": ("POST", CHAT, b"not json", None, 400),
     "500_upstream_relayed": ("POST", CHAT, chat_body("fail"), None, 500),
     "504_upstream_timeout": ("POST", CHAT, chat_body("hang"), None, 504),
-    "404_unknown_route": ("GET", "/nowhere", b"", None, 404),
+    "404_upstream_relayed": ("GET", "/missing/route", b"", None, 404),
 }
 
 

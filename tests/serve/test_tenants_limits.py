@@ -13,7 +13,8 @@ httpx = pytest.importorskip("httpx")
 from helpers import EXAMPLE  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
-from gemkernels.serve.app import create_app, tenant_of  # noqa: E402
+from gemkernels.serve.app import create_app  # noqa: E402
+from gemkernels.serve.serving import tenant_of  # noqa: E402
 from gemkernels.serve.config import ServerConfig  # noqa: E402
 
 MESSAGES = json.loads(EXAMPLE.read_text())["messages"]

@@ -1,0 +1,271 @@
+"""`Proxy`: what each route of ``gem serve`` does (DESIGN.md §5); `gemkernels.serve.app` maps the routes to it.
+
+- `Proxy.compressing` (``POST /v1/chat/completions``, ``/v1/messages``, ``/v1/responses``): reads the body
+  (bounded in bytes and time; gzip, deflate or zstd decoded), compresses its history with GEM and forwards the
+  client's bytes with the removed blocks' elements cut out; anything it cannot or need not compress goes out as
+  the client sent it, with the reason in the metrics;
+- `Proxy.count_tokens` (``POST /v1/messages/count_tokens``): relayed, or with ``count_compressed`` counted as the
+  request would be forwarded (a dry run: the session is left as it was);
+- `Proxy.relay` (every other method and path): streamed both ways, untouched, to the upstream of its format;
+- the proxy's own routes: `Proxy.compress_only`, `Proxy.healthz`, `Proxy.readyz`, `Proxy.metrics`.
+
+Headers and the query string go out as sent (bytes), except hop-by-hop headers and ``X-GEM-Session`` (and
+``Content-Encoding`` when the body goes out decoded). Responses, server-sent events included, are relayed chunk by
+chunk with the upstream's status and headers; an unreachable upstream is a 502, a timeout before its answer a 504,
+a stream it drops mid-way is cut off for the client too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gemkernels.compress.blocks import json_object
+from gemkernels.compress.gem import PASSTHROUGH
+from gemkernels.compress.sessions import GEM_SESSION_HEADER, request_session
+from gemkernels.serve.body import element_sizes, forwarded_body, parse_body
+from gemkernels.serve.compressor import Compressor
+from gemkernels.serve.config import ServerConfig
+from gemkernels.serve.content_coding import UndecodableBody, decoded
+from gemkernels.serve.formats import ANTHROPIC_UPSTREAM, MESSAGES, OPENAI_UPSTREAM, ApiFormat, upstream_for
+from gemkernels.serve.metrics import Metrics
+from gemkernels.serve.upstreams import Upstreams
+
+logger = logging.getLogger("gemkernels.serve")
+
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+                        b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
+#: Header names (lower-case bytes) not forwarded: hop-by-hop ones both ways, the proxy's own session header upstream.
+NOT_FORWARDED = HOP_BY_HOP | {GEM_SESSION_HEADER.encode()}
+NOT_FORWARDED_DECODED = NOT_FORWARDED | {b"content-encoding"}
+NOT_RELAYED = HOP_BY_HOP - {b"content-length"}
+#: Request headers that carry a credential, in the order the tenant is read from.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
+#: How long ``/readyz`` waits for the upstream to answer.
+READY_TIMEOUT_S = 3.0
+#: The route label of relayed requests (one label for every path: paths are the client's to choose).
+RELAYED = "relayed"
+
+
+def tenant_of(headers: Mapping[str, str]) -> str:
+    """Whose sessions a request reaches: a hash of its credential (``Authorization``, else ``x-api-key``, else
+    ``api-key``), so that a client can neither overwrite nor probe another's sessions; ``anonymous`` without one."""
+    for name in CREDENTIAL_HEADERS:
+        value = headers.get(name)
+        if value:
+            return hashlib.sha256(value.encode("latin-1")).hexdigest()[:24]
+    return "anonymous"
+
+
+def session_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
+    """The session a request belongs to (`gemkernels.compress.sessions.request_session`: Claude Code's and Codex's
+    session headers, ``X-GEM-Session`` first, then the body, each per agent), else None (prefix hash)."""
+    return request_session(body, headers)
+
+
+class AsciiJSONResponse(JSONResponse):
+    """The proxy's own JSON answers, ASCII-escaped: a client's lone surrogate (``"\\ud800"``) echoed back stays
+    valid JSON instead of failing to encode as UTF-8."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def error_response(status: int, kind: str, message: str) -> JSONResponse:
+    return AsciiJSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
+
+
+def body_unread(status: int, kind: str, message: str) -> Response:
+    """An error answered before the body was read in full; the connection closes, since the rest is never read."""
+    response = error_response(status, kind, message)
+    response.headers["connection"] = "close"
+    return response
+
+
+def too_large(limit: int) -> Response:
+    """413 for a body past ``limit``."""
+    return body_unread(413, "request_too_large", f"the request body is larger than {limit} bytes "
+                       "(gem serve --max-body-mb raises the limit)")
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes | Response:
+    """The request body, or the error to answer instead: 413 once it passes ``limit`` bytes (declared or streamed:
+    never more is held), 408 when ``timeout`` seconds pass without a byte of it (a stalled upload)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return too_large(limit)
+    chunks, size = [], 0
+    stream = request.stream()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), timeout)
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except asyncio.TimeoutError:
+            return body_unread(408, "request_timeout", f"no byte of the request body came for {timeout:g} s "
+                               "(gem serve --body-timeout)")
+        size += len(chunk)
+        if size > limit:
+            return too_large(limit)
+        chunks.append(chunk)
+
+
+class Proxy:
+    """The routes' work over one set of upstreams and one `Compressor` (module doc)."""
+
+    def __init__(self, config: ServerConfig, metrics: Metrics, upstreams: Upstreams, compressor: Compressor):
+        self.config, self.metrics, self.upstreams, self.compressor = config, metrics, upstreams, compressor
+
+    async def compressing(self, request: Request, api: ApiFormat) -> Response:
+        """A request of a compressing route: its history compressed, everything else as sent."""
+        raw = await read_body(request, self.config.max_body_bytes, self.config.body_timeout)
+        if isinstance(raw, Response):
+            self.metrics.requests.labels(api.path, "refused" if raw.status_code == 413 else "body_timeout").inc()
+            return raw
+        cut = await self.compressed_body(api, request, raw, save=True)
+        return await self.forward(request, api.upstream, raw if cut is None else cut, decoded_body=cut is not None)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: relayed; with ``count_compressed``, the request as it would be
+        forwarded (a dry run of its compression)."""
+        if not self.config.count_compressed:
+            return await self.relay(request)
+        raw = await read_body(request, self.config.max_body_bytes, self.config.body_timeout)
+        if isinstance(raw, Response):
+            return raw
+        cut = await self.compressed_body(MESSAGES, request, raw, save=False)
+        return await self.forward(request, ANTHROPIC_UPSTREAM, raw if cut is None else cut,
+                                  decoded_body=cut is not None)
+
+    async def compressed_body(self, api: ApiFormat, request: Request, raw: bytes, save: bool) -> bytes | None:
+        """The body to forward, decoded, when compression removed something from ``raw``; else None (``raw`` goes
+        out as sent: the reason is in the metrics)."""
+        coding = request.headers.get("content-encoding", "")
+        try:
+            text = decoded(raw, coding, self.config.max_body_bytes)
+        except UndecodableBody as err:
+            return self.unchanged(api, "undecodable_body", str(err))
+        body, layout = parse_body(text, api.history) or (json_object(text), None)  # one parse lays the body out
+        if body is None:
+            return self.unchanged(api, "malformed_body")
+        reason = api.unchanged_reason(body)
+        if reason is not None:
+            return self.unchanged(api, reason)
+        history = body[api.history]
+        sizes = None if layout is None else element_sizes(layout)  # the layout parse_body gave this history
+        result = await self.compressor.compress(api.path, history, session_of(request.headers, body),
+                                                message_sizes=sizes, tenant=tenant_of(request.headers), save=save)
+        if result is None or len(result.messages) == len(history):
+            return None
+        cut = None if layout is None else forwarded_body(text, layout, history, result.messages)
+        if cut is None:  # the bytes do not line up with the parsed history: send what the client sent
+            logger.warning("gemkernels: could not cut the removed blocks out of the body; forwarding it unchanged")
+            self.metrics.passthroughs.labels("body_layout").inc()
+        return cut
+
+    def unchanged(self, api: ApiFormat, reason: str, detail: str | None = None) -> None:
+        """Count a request that goes out as sent, before GEM saw it."""
+        self.metrics.requests.labels(api.path, PASSTHROUGH).inc()
+        self.metrics.passthroughs.labels(reason).inc()
+        if detail is not None:
+            logger.info("gemkernels: forwarding unchanged: %s", detail)
+
+    async def relay(self, request: Request) -> Response:
+        """Any other request: to the upstream of its format, its body streamed through untouched."""
+        self.metrics.requests.labels(RELAYED, PASSTHROUGH).inc()
+        kind = upstream_for(request.url.path, request.headers)
+        return await self.forward(request, kind, request.stream())
+
+    async def forward(self, request: Request, kind: str, content: bytes | AsyncIterator[bytes],
+                      decoded_body: bool = False) -> Response:
+        """``content`` to the ``kind`` upstream with the request's method, path, query and headers; its answer."""
+        dropped = NOT_FORWARDED_DECODED if decoded_body else NOT_FORWARDED
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in dropped]  # bytes as sent
+        path = request.scope.get("raw_path", request.url.path.encode()).decode("latin-1")
+        url = self.upstreams.url(kind, path)
+        try:
+            response = await self.upstreams.send(request.method, url, request.scope.get("query_string", b"").decode(
+                "latin-1"), headers, content)
+        except httpx.TimeoutException as err:
+            self.metrics.upstream_errors.labels("timeout").inc()
+            return error_response(504, "upstream_timeout",
+                                  f"the upstream did not answer in time ({type(err).__name__})")
+        except httpx.HTTPError as err:
+            self.metrics.upstream_errors.labels("unreachable").inc()
+            return error_response(502, "upstream_unreachable",
+                                  f"the upstream could not be reached ({type(err).__name__})")
+        if response.status_code >= 500:
+            self.metrics.upstream_errors.labels(f"status_{response.status_code}").inc()
+        relayed = StreamingResponse(self.answer(response), status_code=response.status_code,
+                                    background=BackgroundTask(response.aclose))
+        relayed.raw_headers = [(k, v) for k, v in response.headers.raw  # bytes as sent, repeated headers kept
+                               if k.lower() not in NOT_RELAYED]
+        return relayed
+
+    async def answer(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The upstream's body, chunk by chunk as it arrives."""
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError:
+            self.metrics.upstream_errors.labels("stream_dropped").inc()
+            logger.warning("gemkernels: the upstream dropped a response mid-stream; closing the client's too")
+            raise
+
+    async def compress_only(self, request: Request) -> Response:
+        """``POST /v1/gem/compress``: ``{"messages", "session_id"?, "goal"?}`` -> ``{"messages", "stats"}`` within
+        the caller's tenant (400 for a malformed body; switched off, 404; with a token, 401 without it)."""
+        config = self.config
+        if not config.compress_endpoint:
+            return error_response(404, "not_found", "POST /v1/gem/compress is switched off on this proxy")
+        if config.compress_token is not None and not hmac.compare_digest(
+                request.headers.get("x-gem-token", "").encode("latin-1"), config.compress_token.encode()):
+            return error_response(401, "unauthorized", "POST /v1/gem/compress needs this proxy's X-GEM-Token")
+        raw = await read_body(request, config.max_body_bytes, config.body_timeout)
+        if isinstance(raw, Response):
+            return raw
+        body = json_object(raw)
+        if body is None or not isinstance(body.get("messages"), list):
+            return error_response(400, "invalid_request", "the body must be a JSON object with a 'messages' list")
+        goal, session = body.get("goal"), body.get("session_id")
+        if not isinstance(session, str):
+            session = session_of(request.headers, body)
+        result = await self.compressor.compress(request.url.path, body["messages"], session,
+                                                goal if isinstance(goal, str) else None,
+                                                tenant=tenant_of(request.headers), wait_for_encoding=True)
+        if result is None:
+            return AsciiJSONResponse({"messages": body["messages"], "stats": None})
+        return AsciiJSONResponse({"messages": result.messages, "stats": result.stats.to_dict()})
+
+    async def healthz(self, request: Request) -> Response:
+        """The process answers, with what it serves."""
+        config = self.config
+        return AsciiJSONResponse({"status": "ok", "upstream": config.upstream,
+                                  "anthropic_upstream": self.upstreams.roots[ANTHROPIC_UPSTREAM],
+                                  "preset": config.preset, "overrides": list(config.overrides),
+                                  "encoder": config.encoder})
+
+    async def readyz(self, request: Request) -> Response:
+        """200 when the encoder is loaded and every upstream answers at all (any HTTP status), else 503."""
+        kinds = dict.fromkeys([OPENAI_UPSTREAM, ANTHROPIC_UPSTREAM])
+        for kind in kinds:
+            kinds[kind] = await self.upstreams.reachable(kind, READY_TIMEOUT_S)
+        ready = all(state == "reachable" for state in kinds.values())
+        return AsciiJSONResponse({"status": "ready" if ready else "not ready", "upstream": kinds[OPENAI_UPSTREAM],
+                                  "anthropic_upstream": kinds[ANTHROPIC_UPSTREAM],
+                                  "encoder": self.compressor.encoder.name}, status_code=200 if ready else 503)
+
+    async def metrics_text(self, request: Request) -> Response:
+        """Prometheus text."""
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)

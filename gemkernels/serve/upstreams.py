@@ -1,0 +1,76 @@
+"""The APIs the proxy forwards to (an OpenAI-format and an Anthropic-format root) and the connection pools that
+carry the requests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Sequence
+
+import httpx
+
+from gemkernels.serve.formats import ANTHROPIC_UPSTREAM, OPENAI_UPSTREAM
+
+#: Headers httpx adds to every request by default; the upstream must see only what the client sent.
+HTTPX_DEFAULT_HEADERS = ("accept", "accept-encoding", "user-agent")
+#: Upstream clients (connection pools) the requests are spread over, each to the one with the fewest requests
+#: awaiting an answer (a light load stays on the first pool's warm connections). httpcore 1.0's pool scans all of
+#: its connections for each idle one whenever a request starts or ends (O(n^2) in the connections), which made
+#: forwarding alone collapse past ~100 requests in flight; k pools cut that work k^2-fold (bench/RESULTS.md §i).
+UPSTREAM_POOLS = 32
+
+
+def upstream_url(base: str, path: str) -> str:
+    """``base`` + ``path``, without doubling ``/v1`` when ``base`` already ends with it."""
+    base = base.rstrip("/")
+    if base.endswith("/v1") and path.startswith("/v1/"):
+        path = path[3:]
+    return base + path
+
+
+class Upstreams:
+    """The OpenAI-format and Anthropic-format API roots (``roots``: kind -> URL) behind `UPSTREAM_POOLS` pools of
+    keep-alive connections; ``transport`` replaces the network (tests, one pool)."""
+
+    def __init__(self, roots: dict[str, str], timeout: float, transport: httpx.AsyncBaseTransport | None = None):
+        missing = {OPENAI_UPSTREAM, ANTHROPIC_UPSTREAM} - set(roots)
+        if missing:
+            raise ValueError(f"no upstream for {sorted(missing)}")
+        self.roots = roots
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        verify = httpx.create_ssl_context()  # one CA bundle load (~30 ms) for all the clients
+        self.clients = [httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+                                          transport=transport, limits=limits, verify=verify)
+                        for _ in range(1 if transport is not None else UPSTREAM_POOLS)]
+        for client in self.clients:
+            for name in HTTPX_DEFAULT_HEADERS:
+                del client.headers[name]
+        self.awaiting = [0] * len(self.clients)
+
+    def url(self, kind: str, path: str) -> str:
+        return upstream_url(self.roots[kind], path)
+
+    async def send(self, method: str, url: str, query: str, headers: Sequence[tuple[bytes, bytes]],
+                   content: bytes | AsyncIterable[bytes]) -> httpx.Response:
+        """The upstream's response, streaming (the caller closes it); raises httpx's errors. ``query`` is the raw
+        query string, forwarded as sent."""
+        pool = self.awaiting.index(min(self.awaiting))
+        client = self.clients[pool]
+        request = client.build_request(method, url, headers=headers, content=content)
+        if query:
+            request.url = request.url.copy_with(query=query.encode("latin-1"))
+        self.awaiting[pool] += 1
+        try:
+            return await client.send(request, stream=True)
+        finally:
+            self.awaiting[pool] -= 1
+
+    async def reachable(self, kind: str, timeout: float) -> str:
+        """``reachable`` when the upstream answers at all (any HTTP status), else why not."""
+        try:
+            await self.clients[0].head(self.roots[kind], timeout=timeout)
+        except httpx.HTTPError as err:
+            return f"unreachable ({type(err).__name__})"
+        return "reachable"
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()

@@ -1,0 +1,208 @@
+"""Every route agents call, through the proxy to fake upstreams on 127.0.0.1: the Responses API (JSON, SSE, stored
+conversations, compressed bodies), count_tokens, the relay of any other method and path, two upstreams on one
+port, and sessions per agent."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+
+from gemkernels.serve.app import create_app  # noqa: E402
+from gemkernels.serve.config import ServerConfig  # noqa: E402
+from gemkernels.testing.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
+from gemkernels.testing.histories import synthetic_history, synthetic_responses_input  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def upstreams():
+    openai, anthropic = FakeUpstream(), FakeUpstream()
+    servers = [ServerThread(openai.app()), ServerThread(anthropic.app())]
+    yield openai, anthropic, servers[0].url, servers[1].url
+    for server in servers:
+        server.stop()
+
+
+def serve(upstreams, **config):
+    _, _, openai_url, anthropic_url = upstreams
+    return ServerThread(create_app(ServerConfig(upstream=openai_url + "/v1", anthropic_upstream=anthropic_url,
+                                                encoder="hash", encode_budget=30.0, **config)))
+
+
+@pytest.fixture(scope="module")
+def proxy(upstreams):
+    server = serve(upstreams)
+    yield server.url
+    server.stop()
+
+
+def body_bytes(fields: dict, history_field: str, history: list, sep: bytes = b" ,\n ") -> tuple[bytes, bytes, bytes]:
+    """A body as a client might write it, split as (before the history array, its elements, after it)."""
+    head = b'{"model":  "m" , "stream": false, "num": 1e400, "' + history_field.encode() + b'" : [ '
+    elements = [json.dumps(item, ensure_ascii=False).encode() for item in history]
+    tail = b" ]," + json.dumps(fields).encode()[1:]
+    return head, elements, tail
+
+
+def last(fake: FakeUpstream, path: str):
+    return [r for r in fake.received if r.path == path][-1]
+
+
+def test_a_long_responses_input_arrives_compressed_byte_for_byte(upstreams, proxy):
+    openai, _, _, _ = upstreams
+    items = synthetic_responses_input(60, seed=4)
+    head, elements, tail = body_bytes({"instructions": "be brief", "store": False}, "input", items)
+    raw = head + b" ,\n ".join(elements) + tail
+    reply = httpx.post(proxy + "/v1/responses", content=raw, headers={"authorization": "Bearer k",
+                                                                       "session_id": "codex-1"})
+    assert reply.status_code == 200 and reply.json()["object"] == "response"
+    sent = last(openai, "/v1/responses").raw
+    assert sent.startswith(head) and sent.endswith(tail)  # every other byte as the client wrote it (1e400 too)
+    kept = json.loads(b"[" + sent[len(head):len(sent) - len(tail)] + b"]")
+    assert 20 < len(kept) < len(items)
+    positions, p = [], 0  # where each kept item was, in order (repeated items match the earliest unused)
+    for item in kept:
+        while elements[p] != json.dumps(item, ensure_ascii=False).encode():
+            p += 1
+        positions.append(p)
+        p += 1
+    assert sent[len(head):len(sent) - len(tail)] == b" ,\n ".join(elements[p] for p in positions)
+    removed = set(range(len(items))) - set(positions)
+    calls = {items[p]["call_id"] for p in removed if "call_id" in items[p]}
+    assert all(items[p]["call_id"] in calls for p in removed if "call_id" in items[p])
+    assert not any(items[p]["type"] == "message" for p in removed)  # messages are never removed
+    for p in removed:  # a removed output's call went too, and a removed call's output
+        if items[p]["type"] == "reasoning":
+            assert items[p + 1]["type"] == "function_call" and p + 1 in removed
+
+
+def test_responses_streams_relay_unchanged_and_stateful_requests_go_out_as_sent(upstreams, proxy):
+    openai, _, openai_url, _ = upstreams
+    items = synthetic_responses_input(60, seed=5)
+    body = {"model": "m", "input": items, "stream": True}
+    with httpx.stream("POST", proxy + "/v1/responses", json=body) as reply:
+        relayed = b"".join(reply.iter_raw())
+    forwarded = last(openai, "/v1/responses").raw
+    with httpx.stream("POST", openai_url + "/v1/responses", content=forwarded) as direct:  # what the proxy got
+        expected = b"".join(direct.iter_raw())
+    assert relayed == expected and relayed.count(b"event: response.") == 4 and len(forwarded) < len(json.dumps(body))
+    for extra in ({"previous_response_id": "resp_0"}, {"conversation": "conv_1"}):
+        raw = json.dumps({"model": "m", "input": items, **extra}).encode()
+        assert httpx.post(proxy + "/v1/responses", content=raw).status_code == 200
+        assert last(openai, "/v1/responses").raw == raw  # the history is on the provider's side
+    raw = b'{"model": "m", "input": "just a question"}'
+    httpx.post(proxy + "/v1/responses", content=raw)
+    assert last(openai, "/v1/responses").raw == raw
+
+
+def test_compressed_request_bodies_are_read_and_sent_decoded_only_when_cut(upstreams, proxy):
+    openai, _, _, _ = upstreams
+    long = json.dumps({"model": "m", "messages": synthetic_history(60, seed=6)}).encode()
+    httpx.post(proxy + "/v1/chat/completions", content=gzip.compress(long), headers={"content-encoding": "gzip"})
+    got = last(openai, "/v1/chat/completions")
+    assert "content-encoding" not in got.headers and len(json.loads(got.raw)["messages"]) < 122
+    short = gzip.compress(json.dumps({"model": "m", "messages": synthetic_history(3)}).encode())
+    httpx.post(proxy + "/v1/chat/completions", content=short, headers={"content-encoding": "gzip"})
+    got = last(openai, "/v1/chat/completions")
+    assert got.raw == short and got.headers["content-encoding"] == "gzip"  # unchanged: as the client sent it
+    broken = short[: len(short) // 2]
+    httpx.post(proxy + "/v1/chat/completions", content=broken, headers={"content-encoding": "gzip"})
+    assert last(openai, "/v1/chat/completions").raw == broken
+
+
+def anthropic_history(blocks: int, seed: int) -> list[dict]:
+    out = [{"role": "user", "content": "Fix the failing migration test in models.py"}]
+    for message in synthetic_history(blocks, seed)[2:]:
+        if message["role"] == "assistant":
+            call = message["tool_calls"][0]
+            out.append({"role": "assistant", "content": [
+                {"type": "text", "text": message["content"]},
+                {"type": "tool_use", "id": call["id"], "name": "bash",
+                 "input": json.loads(call["function"]["arguments"])}]})
+        else:
+            out.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": message["tool_call_id"],
+                                                     "content": message["content"]}]})
+    return out
+
+
+def test_two_upstreams_on_one_port_and_count_tokens(upstreams, proxy):
+    openai, anthropic, _, _ = upstreams
+    messages = anthropic_history(60, seed=7)
+    body = json.dumps({"model": "claude", "system": "You are Claude Code.", "messages": messages}).encode()
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01", "x-claude-code-session-id": "cc-1"}
+    assert httpx.post(proxy + "/v1/messages", content=body, headers=headers).json()["type"] == "message"
+    forwarded = last(anthropic, "/v1/messages").raw
+    assert len(json.loads(forwarded)["messages"]) < len(messages)
+    assert httpx.post(proxy + "/v1/chat/completions", json={"model": "m", "messages": []}).status_code == 200
+    assert last(openai, "/v1/chat/completions").raw  # chat went to the OpenAI-format upstream
+    count = httpx.post(proxy + "/v1/messages/count_tokens?beta=true", content=body, headers=headers)
+    got = last(anthropic, "/v1/messages/count_tokens")
+    assert count.json() == {"input_tokens": len(body) // 4} and got.raw == body and got.query == "beta=true"
+
+
+def test_count_compressed_counts_what_would_be_forwarded_without_touching_the_session(upstreams):
+    _, anthropic, _, _ = upstreams
+    server = serve(upstreams, count_compressed=True)
+    try:
+        messages = anthropic_history(60, seed=8)
+        body = json.dumps({"model": "claude", "system": "agent", "messages": messages}).encode()
+        headers = {"x-api-key": "k2", "x-claude-code-session-id": "cc-2"}
+        counted = httpx.post(server.url + "/v1/messages/count_tokens", content=body, headers=headers).json()
+        dry = last(anthropic, "/v1/messages/count_tokens").raw
+        httpx.post(server.url + "/v1/messages", content=body, headers=headers)
+        real = last(anthropic, "/v1/messages").raw
+        assert dry == real and counted == {"input_tokens": len(real) // 4} and len(real) < len(body)
+        grown = json.dumps({"model": "claude", "system": "agent", "messages": anthropic_history(61, seed=8)})
+        httpx.post(server.url + "/v1/messages", content=grown, headers=headers)
+        after = json.loads(last(anthropic, "/v1/messages").raw)["messages"]
+        assert after[:len(json.loads(real)["messages"])] == json.loads(real)["messages"]  # the session went on
+    finally:
+        server.stop()
+
+
+def test_any_other_method_and_path_is_relayed_with_its_query_headers_and_body(upstreams, proxy):
+    openai, anthropic, _, _ = upstreams
+    models = httpx.get(proxy + "/v1/models?beta=true", headers={"anthropic-version": "2023-06-01",
+                                                                "anthropic-beta": "x-1", "x-api-key": "k"})
+    got = last(anthropic, "/v1/models")
+    assert models.json()["data"][0]["id"] == "m" and got.query == "beta=true" and got.method == "GET"
+    assert got.headers["anthropic-beta"] == "x-1" and got.headers["x-api-key"] == "k"
+    assert httpx.get(proxy + "/v1/models").status_code == 200 and last(openai, "/v1/models").method == "GET"
+    payload = bytes(range(256)) * 20_000  # 5 MB, streamed through
+    reply = httpx.put(proxy + "/v1/files/abc?purpose=x&purpose=y", content=payload, headers={"openai-beta": "b"})
+    got = last(openai, "/v1/files/abc")
+    assert reply.json() == {"method": "PUT", "path": "/v1/files/abc", "query": "purpose=x&purpose=y",
+                            "body_bytes": len(payload)} and reply.headers["x-echo"] == "1"
+    assert got.raw == payload and got.headers["openai-beta"] == "b"
+    assert httpx.delete(proxy + "/v1/files/abc").json()["method"] == "DELETE"
+    assert httpx.get(proxy + "/v1/missing").status_code == 404
+
+
+def test_a_side_request_under_the_same_session_leaves_the_main_prefix_alone(upstreams):
+    _, anthropic, _, _ = upstreams
+
+    def run(with_side_requests: bool) -> list[bytes]:
+        server = serve(upstreams, preset="cache-aware")
+        headers = {"x-api-key": "k3", "x-claude-code-session-id": "cc-3"}
+        sent = []
+        try:
+            for blocks in range(40, 70, 3):
+                body = {"model": "claude", "system": "You are Claude Code.",
+                        "messages": anthropic_history(blocks, seed=9)}
+                httpx.post(server.url + "/v1/messages", json=body, headers=headers)
+                sent.append(last(anthropic, "/v1/messages").raw)
+                if with_side_requests:  # a title and a summary of the same conversation, under the same session id
+                    for system in ("Write a 5-word title for this conversation.", "Summarise this conversation."):
+                        side = {"model": "haiku", "system": system, "messages": anthropic_history(blocks - 5, seed=9)}
+                        httpx.post(server.url + "/v1/messages", json=side, headers=headers)
+        finally:
+            server.stop()
+        return sent
+
+    assert run(with_side_requests=True) == run(with_side_requests=False)
