@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from gemkernels.cli.extras import encoder_extras, require
+from gemkernels.cli.settings import SettingsError, defer_defaults, resolve
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.serve.config import ServerConfig
@@ -32,7 +33,7 @@ def seconds(text: str) -> float:
 def add_parser(subparsers: Any) -> None:
     """Register ``gem serve``."""
     p = subparsers.add_parser("serve", help="run the compressing OpenAI/Anthropic-compatible proxy")
-    p.add_argument("--upstream", required=True,
+    p.add_argument("--upstream", required=True, metavar="URL",
                    help="the OpenAI-format API (chat completions, responses), and the Anthropic-format one unless "
                         "--anthropic-upstream is given, e.g. https://api.openai.com/v1")
     p.add_argument("--anthropic-upstream", metavar="URL",
@@ -75,41 +76,50 @@ def add_parser(subparsers: Any) -> None:
                    help="do not serve POST /v1/gem/compress")
     p.add_argument("--compress-token-env", metavar="NAME",
                    help="serve POST /v1/gem/compress only to callers sending X-GEM-Token equal to $NAME")
-    p.set_defaults(func=run)
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="settings from a TOML file: its top-level keys are these flags (max_body_mb = 64), its "
+                        "[compression] table GEMConfig's fields (k = 16); a flag beats GEM_<FLAG> in the "
+                        "environment, which beats the file (gemkernels.cli.settings)")
+    p.set_defaults(func=run, deferred=defer_defaults(p))
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; in-flight requests are drained (up to 60 s) on shutdown."""
+    try:
+        args = resolve(args, args.deferred, "serve")
+        config = server_config(args)
+    except (SettingsError, ValueError) as err:
+        print(f"gem serve: {err}", file=sys.stderr)
+        return 2
     if not require("serve", "serve", *encoder_extras(args.encoder)):
         return 2
     import uvicorn
 
-    from gemkernels.compress.config import with_overrides
     from gemkernels.serve.app import create_app
     from gemkernels.serve.connections import uvicorn_options
     from gemkernels.serve.redact import QueryCredentialFilter
 
-    try:
-        with_overrides(args.preset, args.set)
-    except ValueError as err:
-        print(f"gem serve: {err}", file=sys.stderr)
-        return 2
-    if args.compress_token_env and not os.environ.get(args.compress_token_env):
-        print(f"gem serve: --compress-token-env names ${args.compress_token_env}, which is not set (or empty)",
-              file=sys.stderr)
-        return 2
-    config = ServerConfig(upstream=args.upstream, preset=args.preset, overrides=tuple(args.set), encoder=args.encoder,
-                          max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, workers=args.workers,
-                          max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout,
-                          max_body_bytes=int(args.max_body_mb * (1 << 20)),
-                          max_session_bytes=int(args.max_session_mb * (1 << 20)), body_timeout=args.body_timeout,
-                          compress_endpoint=args.compress_endpoint, anthropic_upstream=args.anthropic_upstream,
-                          encode_budget=None if math.isinf(args.encode_budget_ms) else max(0.0, args.encode_budget_ms)
-                          / 1000, count_compressed=args.count_compressed,
-                          compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)
     logging.getLogger("gemkernels").setLevel(logging.INFO)
     logging.getLogger("uvicorn.access").addFilter(QueryCredentialFilter())
     uvicorn.run(create_app(config), host=args.host, port=args.port, timeout_graceful_shutdown=60,
                 log_level="info", **uvicorn_options(args.header_timeout, args.keep_alive_timeout))
     return 0
 
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The proxy's configuration from resolved arguments; ``ValueError`` naming a bad override or a token
+    variable that is not set."""
+    from gemkernels.compress.config import with_overrides
+
+    with_overrides(args.preset, args.set)
+    if args.compress_token_env and not os.environ.get(args.compress_token_env):
+        raise ValueError(f"--compress-token-env names ${args.compress_token_env}, which is not set (or empty)")
+    budget = None if math.isinf(args.encode_budget_ms) else max(0.0, args.encode_budget_ms) / 1000
+    return ServerConfig(upstream=args.upstream, preset=args.preset, overrides=tuple(args.set), encoder=args.encoder,
+                        max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, workers=args.workers,
+                        max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout,
+                        max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                        max_session_bytes=int(args.max_session_mb * (1 << 20)), body_timeout=args.body_timeout,
+                        compress_endpoint=args.compress_endpoint, anthropic_upstream=args.anthropic_upstream,
+                        encode_budget=budget, count_compressed=args.count_compressed,
+                        compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)

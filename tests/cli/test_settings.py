@@ -1,0 +1,85 @@
+"""``gem serve``'s settings: flag > ``GEM_*`` environment > ``--config`` TOML file > defaults and preset, with
+errors that name the bad key or value."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gemkernels.cli import build_parser
+from gemkernels.cli.serve import server_config
+from gemkernels.cli.settings import SettingsError, resolve
+from gemkernels.compress.config import GEMConfig, with_overrides
+
+
+def settings(argv: list[str], environ: dict[str, str] | None = None):
+    args = build_parser().parse_args(["serve", *argv])
+    return resolve(args, args.deferred, "serve", environ or {})
+
+
+def test_a_flag_beats_the_environment_which_beats_the_file_which_beats_the_default(tmp_path):
+    path = tmp_path / "gem.toml"
+    path.write_text('upstream = "http://file/v1"\nport = 9001\nmax-body-mb = 8\ncount_compressed = true\n'
+                    'preset = "core"\nencoder = "hash"\n')
+    only_file = settings(["--config", str(path)])
+    assert (only_file.upstream, only_file.port, only_file.max_body_mb, only_file.count_compressed,
+            only_file.preset) == ("http://file/v1", 9001, 8.0, True, "core")
+    assert only_file.timeout == 600.0 and only_file.compress_endpoint is True  # defaults for the rest
+    env = {"GEM_PORT": "9002", "GEM_COUNT_COMPRESSED": "false", "GEM_COMPRESS_ENDPOINT": "no"}
+    with_env = settings(["--config", str(path)], env)
+    assert (with_env.port, with_env.count_compressed, with_env.compress_endpoint) == (9002, False, False)
+    with_flag = settings(["--config", str(path), "--port", "9003", "--count-compressed"], env)
+    assert (with_flag.port, with_flag.count_compressed, with_flag.upstream) == (9003, True, "http://file/v1")
+    config = server_config(with_flag)
+    assert config.max_body_bytes == 8 << 20 and config.preset == "core" and not config.compress_endpoint
+    plain = settings(["--upstream", "http://u"])
+    assert (plain.port, plain.count_compressed, plain.preset, plain.set) == (8088, False, "paper", [])
+
+
+def test_gemconfig_fields_come_from_the_file_then_the_environment_then_set(tmp_path):
+    path = tmp_path / "gem.toml"
+    path.write_text('upstream = "http://u"\n[compression]\nk = 8\ntau = 0.8\ngoal_from = "first"\n'
+                    '[compression.evidence]\nrecent = 6\n')
+    args = settings(["--config", str(path), "--set", "k=12"], {"GEM_TAU": "0.7", "GEM_EVIDENCE_RECENT": "3"})
+    assert args.set == ["k=8", "tau=0.8", "goal_from=first", "evidence.recent=6", "tau=0.7", "evidence.recent=3",
+                        "k=12"]
+    config = with_overrides(args.preset, args.set)
+    assert (config.k, config.tau, config.goal_from, config.evidence.recent) == (12, 0.7, "first", 3)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('upstrem = "http://u"\n', "unknown key 'upstrem' (did you mean 'upstream'?)"),
+    ('upstream = "http://u"\n[compression]\ntaus = 1\n', "unknown key 'compression.taus' (did you mean 'tau'?)"),
+    ('upstream = "http://u"\n[compression.evidence]\nrecnt = 1\n', "'compression.evidence.recnt'"),
+    ('upstream = "http://u"\nport = "eighty"\n', "is not a valid port"),
+    ('upstream = "http://u"\npreset = "fast"\n', "'fast' is not one of"),
+    ('upstream = "http://u"\ncount_compressed = "maybe"\n', "is not true or false"),
+    ('upstream = "http://u"\nheader_timeout = -1\n', "must be a positive number"),
+    ("upstream = \n", "is not valid TOML"),
+    ('port = 1\n', "--upstream is required (or GEM_UPSTREAM"),
+])
+def test_bad_settings_are_named(tmp_path, text, message):
+    path = tmp_path / "gem.toml"
+    path.write_text(text)
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        settings(["--config", str(path)])
+
+
+def test_bad_environment_values_and_missing_files_are_named(tmp_path, capsys):
+    with pytest.raises(SettingsError, match=r"\$GEM_MAX_BODY_MB: 'lots' is not a valid max_body_mb"):
+        settings(["--upstream", "http://u"], {"GEM_MAX_BODY_MB": "lots"})
+    with pytest.raises(SettingsError, match="cannot read the config file"):
+        settings(["--config", str(tmp_path / "absent.toml")])
+    from gemkernels.cli import main
+
+    assert main(["serve", "--config", str(tmp_path / "absent.toml")]) == 2
+    assert "cannot read the config file" in capsys.readouterr().err
+
+
+def test_no_flag_and_gemconfig_field_share_an_environment_variable():
+    args = build_parser().parse_args(["serve", "--upstream", "u"])
+    flags = {dest.upper() for dest in args.deferred.flags}
+    config_fields = {f.name.upper() for f in dataclasses.fields(GEMConfig)}
+    assert flags and not flags & config_fields
+    assert not any(flag.startswith("EVIDENCE_") for flag in flags)
