@@ -51,7 +51,12 @@ class GEMConfig:
     ``text_actions``: the profiles that find blocks in a history without tool calls whose actions are written as text
     (`gemkernels.compress.text_actions.text_action_profiles`): ``auto`` (all), ``off``, or names among
     ``mini-swe-agent``, ``swe-agent``, ``aider`` and ``pattern``, the user's own ``text_action_regex`` (its last group
-    is the command, in the assistant text) with ``text_observation_regex`` (searched in the next user text)."""
+    is the command, in the assistant text) with ``text_observation_regex`` (searched in the next user text).
+
+    ``keep_tools``: tool names whose blocks are always kept (protected as evidence ``kept_tool``).
+    ``max_forward_tokens``: a hard ceiling on the request's tokens (None: none): past it, after the policy has
+    chosen, blocks go, oldest first, outside the selected core, then in the core, then protected ones, never the
+    newest block (so the request fits the model's window whenever dropping blocks can make it fit)."""
 
     tau: float = 0.90
     k: int = 16
@@ -72,6 +77,8 @@ class GEMConfig:
     text_actions: str = "auto"
     text_action_regex: str = ""
     text_observation_regex: str = ""
+    keep_tools: tuple[str, ...] = ()
+    max_forward_tokens: int | None = None
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
 
     def __post_init__(self) -> None:
@@ -92,6 +99,10 @@ class GEMConfig:
         if self.goal_from not in ("latest", "first"):
             raise ValueError(f"goal_from must be 'latest' or 'first', got {self.goal_from!r}")
         text_action_profiles(self.text_actions, self.text_action_regex, self.text_observation_regex)
+        if not isinstance(self.keep_tools, tuple) or not all(isinstance(t, str) and t for t in self.keep_tools):
+            raise ValueError(f"keep_tools must be a tuple of tool names, got {self.keep_tools!r}")
+        if self.max_forward_tokens is not None and self.max_forward_tokens < 1:
+            raise ValueError(f"max_forward_tokens must be positive, got {self.max_forward_tokens}")
         try:
             Prices(self.cached_price, self.uncached_price)  # the one rule for a pair of prices
         except ValueError as err:
@@ -164,6 +175,16 @@ def override_value(item: str, text: str, annotation: str) -> Any:
     """``text`` as a value of a field annotated ``annotation`` (str, bool, int, float, optionally None)."""
     if annotation == "str":
         return text
+    if annotation.startswith("tuple[str"):  # a list literal, or names separated by commas
+        try:
+            names = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            names = [name.strip() for name in text.split(",") if name.strip()]
+        if isinstance(names, str):
+            names = [names]
+        if isinstance(names, (list, tuple)) and all(isinstance(name, str) for name in names):
+            return tuple(names)
+        raise ValueError(f"override {item!r}: {text!r} is not a list of names")
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError):

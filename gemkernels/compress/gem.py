@@ -23,7 +23,7 @@ from gemkernels.compress.config import GEMConfig, resolve_config
 from gemkernels.compress.encoders import Encoder, EncodingDeferred, make_encoder
 from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
 from gemkernels.compress.guard import guarded_removals
-from gemkernels.compress.policy import budget_reason, could_repay, repay_reason, reselection_reason
+from gemkernels.compress.policy import budget_reason, ceiling_drops, could_repay, repay_reason, reselection_reason
 from gemkernels.compress.representation import block_text
 from gemkernels.compress.responses_items import item_identity
 from gemkernels.compress.sessions import SessionState, SessionStore
@@ -47,6 +47,7 @@ class BlockInfo:
     features: BlockFeatures
     embedding: np.ndarray
     nbytes: int  # what keeping it in a session state costs (`block_nbytes`)
+    tools: tuple[str, ...] = ()  # the names of the tools it calls
 
 
 @dataclass
@@ -173,6 +174,9 @@ class GEM:
         encode_seconds = time.perf_counter() - encode_started
 
         protected = evidence_picks([info.features for info in infos], embeddings, task_embedding, cfg.evidence)
+        if cfg.keep_tools:
+            keep = set(cfg.keep_tools)
+            protected["kept_tool"] = [b for b, info in enumerate(infos) if keep.intersection(info.tools)]
         seeds = sorted({b for picks in protected.values() for b in picks})
 
         reason = reselection_reason(state, keys, goal_text, cfg)
@@ -204,6 +208,15 @@ class GEM:
             selected_at = state.blocks_at_selection if state is not None else 0
             reason = f"{n - seen} new blocks appended to the saved forwarded set"
         select_seconds = time.perf_counter() - select_started
+        other = None if self.count_tokens is None else sum(
+            self.count_other_tokens(serialise(messages[p])) for p in range(len(messages))
+            if p not in history.block_positions)
+        if cfg.max_forward_tokens is not None:
+            fixed = other if other is not None else -(-request_chars(messages, history, []) // 4)
+            dropped = ceiling_drops(forwarded, sizes, fixed, core, seeds, cfg.max_forward_tokens)
+            if dropped:
+                forwarded = forwarded - set(dropped)
+                reason += f"; {len(dropped)} more blocks dropped to fit max_forward_tokens {cfg.max_forward_tokens}"
 
         out = reconstruct(history, forwarded)
         if save:
@@ -211,9 +224,7 @@ class GEM:
                                                     selected_at, dict(zip(keys, infos)), sum(i.nbytes for i in infos)))
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
-        if self.count_tokens is not None:
-            other = sum(self.count_other_tokens(serialise(messages[p]))
-                        for p in range(len(messages)) if p not in history.block_positions)
+        if other is not None:
             tokens_before = other + sum(info.tokens for info in infos)
             tokens_after = tokens_before - sum(infos[b].tokens for b in removed)
         stats = CompressionStats(
@@ -291,7 +302,8 @@ class GEM:
                     chars=sum(serialised_chars(m) for m in messages),
                     tokens=None if self.count_tokens is None else sum(
                         self.count_tokens(serialise(m)) for m in messages),
-                    features=features, embedding=embedding, nbytes=block_nbytes(keys[b], embedding, features))
+                    features=features, embedding=embedding, nbytes=block_nbytes(keys[b], embedding, features),
+                    tools=tuple(dict.fromkeys(action.name for action in block.actions)))
         return [cache[key] for key in keys], len(new)
 
 

@@ -11,6 +11,24 @@ from gemkernels.compress.config import GEMConfig
 from gemkernels.compress.sessions import SessionState
 
 
+def ceiling_drops(forwarded: set[int], sizes: Sequence[int], fixed: int, core: Sequence[int], seeds: Sequence[int],
+                  ceiling: int) -> list[int]:
+    """The blocks to drop from ``forwarded``, in order, so that their tokens (``sizes``) plus ``fixed`` (the
+    messages outside blocks) fit ``ceiling``: oldest first outside ``core``, then in it outside ``seeds``, then
+    ``seeds``; never the newest block. As many as it takes, or every other block when that is not enough."""
+    total = fixed + sum(sizes[b] for b in forwarded)
+    if total <= ceiling:
+        return []
+    in_core, protected, newest = set(core), set(seeds), len(sizes) - 1
+    drops = []
+    for b in sorted(forwarded - {newest}, key=lambda b: (b in protected, b in in_core, b)):
+        if total <= ceiling:
+            break
+        drops.append(b)
+        total -= sizes[b]
+    return drops
+
+
 def budget_reason(appended: set[int], sizes: Sequence[int], cfg: GEMConfig) -> str | None:
     """Why appending would pass a budget (``rewrite_above_blocks`` or ``rewrite_above_tokens``), or None."""
     if cfg.rewrite_above_blocks is not None and len(appended) > cfg.rewrite_above_blocks:
