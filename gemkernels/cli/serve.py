@@ -72,6 +72,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--count-compressed", action="store_true",
                    help="POST /v1/messages/count_tokens counts the request as it would be forwarded, so an agent's "
                         "own auto-compaction sees the compressed size")
+    p.add_argument("--observe", action="store_true",
+                   help="forward every request exactly as sent and record, per session, what compression would have "
+                        "removed and saved under the provider's cache (GET /v1/gem/sessions)")
+    p.add_argument("--report", action="store_true", help="with --observe, print every session's record on exit")
     p.add_argument("--no-compress-endpoint", dest="compress_endpoint", action="store_false",
                    help="do not serve POST /v1/gem/compress")
     p.add_argument("--compress-token-env", metavar="NAME",
@@ -121,5 +125,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         max_body_bytes=int(args.max_body_mb * (1 << 20)),
                         max_session_bytes=int(args.max_session_mb * (1 << 20)), body_timeout=args.body_timeout,
                         compress_endpoint=args.compress_endpoint, anthropic_upstream=args.anthropic_upstream,
-                        encode_budget=budget, count_compressed=args.count_compressed,
+                        encode_budget=budget, count_compressed=args.count_compressed, observe=args.observe,
+                        report=args.report,
                         compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)

@@ -23,8 +23,9 @@ Contracts (DESIGN.md §5):
 - with ``--set backend=triton`` on a GPU, or ``--set backend=numba``, the selection kernels are compiled at
   start-up, not on the first requests (`gemkernels.select.api.warm_up`).
 
-Also ``POST /v1/gem/compress``, ``GET /healthz`` (the process answers), ``GET /readyz`` (the encoder is loaded and
-the upstreams answer) and ``GET /metrics`` (Prometheus text).
+Also ``POST /v1/gem/compress``, ``GET /v1/gem/sessions`` (observe mode, ``--observe``), ``GET /healthz`` (the
+process answers), ``GET /readyz`` (the encoder is loaded and the upstreams answer) and ``GET /metrics``
+(Prometheus text).
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gemkernels.compress.tokens import Prices
 from gemkernels.serve.compressor import Compressor, warm_up_kernels
 from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.formats import FORMATS
 from gemkernels.serve.metrics import Metrics
+from gemkernels.serve.observe import Observer, report_table
 from gemkernels.serve.serving import Proxy
 from gemkernels.serve.upstreams import Upstreams
 
@@ -62,11 +65,17 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         compressor = Compressor(config, metrics)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, warm_up_kernels, compressor)
-        proxies.append(Proxy(config, metrics, upstreams, compressor))
+        observer = None
+        if config.observe:
+            cfg = compressor.gem.config
+            observer = Observer(Prices(cfg.cached_price, cfg.uncached_price), config.max_sessions)
+        proxies.append(Proxy(config, metrics, upstreams, compressor, observer))
         try:
             yield
         finally:
             proxies.clear()
+            if observer is not None and config.report:
+                print(report_table(observer.report()), flush=True)
             await upstreams.aclose()
             await loop.run_in_executor(None, compressor.close)
 
@@ -80,6 +89,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         *[route(api.path, functools.partial(Proxy.compressing, api=api), ["POST"]) for api in FORMATS],
         route("/v1/messages/count_tokens", Proxy.count_tokens, ["POST"]),
         route("/v1/gem/compress", Proxy.compress_only, ["POST"]),
+        route("/v1/gem/sessions", Proxy.sessions, ["GET"]),
         route("/healthz", Proxy.healthz, ["GET"]),
         route("/readyz", Proxy.readyz, ["GET"]),
         route("/metrics", Proxy.metrics_text, ["GET"]),

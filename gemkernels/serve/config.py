@@ -17,7 +17,9 @@ class ServerConfig:
     it as ``X-GEM-Token``; a proxied request waits for its blocks' embeddings ``encode_budget`` seconds at most
     (None: no limit), and ``encode_cache_bytes`` of embeddings are kept for the requests that gave up waiting;
     a request body with no byte for ``body_timeout`` seconds gets a 408 (`gemkernels.serve.connections`);
-    ``count_compressed``: ``POST /v1/messages/count_tokens`` counts the request as it would be forwarded."""
+    ``count_compressed``: ``POST /v1/messages/count_tokens`` counts the request as it would be forwarded;
+    ``observe``: forward every request as sent and record what compression would have done
+    (`gemkernels.serve.observe`), with ``report`` printing it when the server stops."""
 
     upstream: str
     preset: str = "paper"
@@ -38,6 +40,8 @@ class ServerConfig:
     body_timeout: float = 30.0
     anthropic_upstream: str | None = None
     count_compressed: bool = False
+    observe: bool = False
+    report: bool = False
 
     def upstream_roots(self) -> dict[str, str]:
         """Format -> API root (`gemkernels.serve.formats`)."""

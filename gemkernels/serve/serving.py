@@ -7,7 +7,11 @@
 - `Proxy.count_tokens` (``POST /v1/messages/count_tokens``): relayed, or with ``count_compressed`` counted as the
   request would be forwarded (a dry run: the session is left as it was);
 - `Proxy.relay` (every other method and path): streamed both ways, untouched, to the upstream of its format;
-- the proxy's own routes: `Proxy.compress_only`, `Proxy.healthz`, `Proxy.readyz`, `Proxy.metrics`.
+- the proxy's own routes: `Proxy.compress_only`, `Proxy.sessions` (observe mode), `Proxy.healthz`, `Proxy.readyz`,
+  `Proxy.metrics_text`.
+
+In observe mode (``--observe``) every request goes out as the client sent it; compression runs as usual and its
+sessions carry on as if their requests had been compressed, and `gemkernels.serve.observe` records both.
 
 Headers and the query string go out as sent (bytes), except hop-by-hop headers and ``X-GEM-Session`` (and
 ``Content-Encoding`` when the body goes out decoded). Responses, server-sent events included, are relayed chunk by
@@ -40,6 +44,7 @@ from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.content_coding import UndecodableBody, decoded
 from gemkernels.serve.formats import ANTHROPIC_UPSTREAM, MESSAGES, OPENAI_UPSTREAM, ApiFormat, upstream_for
 from gemkernels.serve.metrics import Metrics
+from gemkernels.serve.observe import Observer
 from gemkernels.serve.upstreams import Upstreams
 
 logger = logging.getLogger("gemkernels.serve")
@@ -124,8 +129,10 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes | Res
 class Proxy:
     """The routes' work over one set of upstreams and one `Compressor` (module doc)."""
 
-    def __init__(self, config: ServerConfig, metrics: Metrics, upstreams: Upstreams, compressor: Compressor):
+    def __init__(self, config: ServerConfig, metrics: Metrics, upstreams: Upstreams, compressor: Compressor,
+                 observer: Observer | None = None):
         self.config, self.metrics, self.upstreams, self.compressor = config, metrics, upstreams, compressor
+        self.observer = observer  # observe mode: record what compression would do, forward everything as sent
 
     async def compressing(self, request: Request, api: ApiFormat) -> Response:
         """A request of a compressing route: its history compressed, everything else as sent."""
@@ -164,8 +171,15 @@ class Proxy:
             return self.unchanged(api, reason)
         history = body[api.history]
         sizes = None if layout is None else element_sizes(layout)  # the layout parse_body gave this history
-        result = await self.compressor.compress(api.path, history, session_of(request.headers, body),
-                                                message_sizes=sizes, tenant=tenant_of(request.headers), save=save)
+        session, tenant = session_of(request.headers, body), tenant_of(request.headers)
+        result = await self.compressor.compress(api.path, history, session, message_sizes=sizes, tenant=tenant,
+                                                save=save)
+        if self.observer is not None and save:
+            if layout is not None:
+                kept = {id(message) for message in (history if result is None else result.messages)}
+                self.observer.record(tenant, session or (result.stats.session_id if result else "") or "",
+                                     [text[a:b] for a, b in layout.elements], [id(m) in kept for m in history])
+            return None
         if result is None or len(result.messages) == len(history):
             return None
         cut = None if layout is None else forwarded_body(text, layout, history, result.messages)
@@ -247,6 +261,14 @@ class Proxy:
         if result is None:
             return AsciiJSONResponse({"messages": body["messages"], "stats": None})
         return AsciiJSONResponse({"messages": result.messages, "stats": result.stats.to_dict()})
+
+    async def sessions(self, request: Request) -> Response:
+        """``GET /v1/gem/sessions`` in observe mode: the caller's sessions (its tenant only) as sent and as
+        compression would have sent them (`gemkernels.serve.observe`); 404 otherwise."""
+        if self.observer is None:
+            return error_response(404, "not_found", "GET /v1/gem/sessions answers in observe mode (gem serve "
+                                  "--observe)")
+        return AsciiJSONResponse(self.observer.report(tenant_of(request.headers)))
 
     async def healthz(self, request: Request) -> Response:
         """The process answers, with what it serves."""
