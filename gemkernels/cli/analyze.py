@@ -10,13 +10,14 @@ from pathlib import Path
 from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR
+from gemkernels.evaluate.loaders import PATHS_HELP
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``analyze`` (handler in ``func``)."""
     p = subparsers.add_parser("analyze", help="spectral concentration with controls, low-energy action share, "
                                               "controlled replacement", description=__doc__.splitlines()[0])
-    p.add_argument("paths", nargs="+", help="recorded runs: files, directories or globs")
+    p.add_argument("paths", nargs="+", help=PATHS_HELP)
     p.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     p.add_argument("--out", default="analysis-out", help="folder for analysis.md, analysis.json and the plots")
     p.add_argument("--seed", type=int, default=0, help="seed of the control matrices")

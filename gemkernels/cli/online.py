@@ -12,6 +12,7 @@ from typing import Any
 from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.tokens import Prices
+from gemkernels.evaluate.loaders import PATHS_HELP
 from gemkernels.evaluate.online_policies import POLICIES, PolicyOptions
 from gemkernels.evaluate.online_replay import BASELINE, DEFAULT_POLICIES, EVIDENCE_POLICIES, LONG_RUNS
 
@@ -20,7 +21,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``online`` sub-command on an argparse ``add_subparsers()`` object."""
     parser = subparsers.add_parser("online", help="replay recorded runs call by call: input tokens, prompt cache "
                                                   "and price under each forwarding policy")
-    parser.add_argument("paths", nargs="+", help="run files, directories or globs (any format `gem compress` reads)")
+    parser.add_argument("paths", nargs="+", help=PATHS_HELP)
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                         help=f"comma-separated, from {', '.join(POLICIES)}, or gem-<preset>:field=value:... "
                              "(a preset with GEMConfig overrides, evidence.<field> for evidence limits; "
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         report,
         shared_encoder,
     )
-    from gemkernels.evaluate.replay import write_report
+    from gemkernels.evaluate.replay import report_reading, write_report
 
     names = [BASELINE] + [p for p in dict.fromkeys(args.policies.split(",")) if p and p != BASELINE]
     evidence = tuple(p for p in args.evidence_policies.split(",") if p)
@@ -91,8 +92,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     runs, load_errors = load_runs(args.paths)
     replays, errors = replay_runs(runs, names, options, workers=args.workers, evidence=evidence)
-    for where, error in load_errors + errors:
-        print(f"gem online: skipped {where}: {error}", file=sys.stderr)
+    report_reading("online", runs, load_errors + errors)
     if not replays:
         print("gem online: no run could be replayed", file=sys.stderr)
         return 2

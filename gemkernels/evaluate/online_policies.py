@@ -24,10 +24,11 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from gemkernels.compress.blocks import OPENAI, History, parse_history, reconstruct
+from gemkernels.compress.blocks import ANTHROPIC, OPENAI, RESPONSES, History, parse_history, reconstruct
 from gemkernels.compress.config import PRESETS, GEMConfig, resolve_config, with_overrides
 from gemkernels.compress.encoders import Encoder, WrappedEncoder
 from gemkernels.compress.gem import GEM
+from gemkernels.compress.responses_items import OUTPUT_TYPES
 from gemkernels.compress.tokens import Prices
 from gemkernels.evaluate.loaders import Run
 
@@ -114,17 +115,31 @@ class Masking:
         old = history.spans[:max(0, len(history.spans) - self.keep)]
         out = list(messages)
         for span in old:
-            for p in span.positions[1:]:
-                out[p] = self.masked(history, out[p])
+            for p in span.positions:
+                if is_result(history.format, out[p]):
+                    out[p] = self.masked(history, out[p])
         return Forwarded(out)
 
     def masked(self, history: History, message: dict[str, Any]) -> dict[str, Any]:
-        """A copy of a tool-result message with its output(s) replaced by the placeholder."""
-        if history.format == OPENAI:
+        """A copy of a tool-result message (or Responses output item) with its output(s) replaced by the
+        placeholder."""
+        if history.format == RESPONSES:
+            return {**message, "output": self.placeholder}
+        if history.format != ANTHROPIC:
             return {**message, "content": self.placeholder}
         return {**message, "content": [{**part, "content": self.placeholder}
                                        if isinstance(part, dict) and part.get("type") == "tool_result" else part
                                        for part in message["content"]]}
+
+
+def is_result(fmt: str, message: dict[str, Any]) -> bool:
+    """Whether a message of a block holds its tool output: a ``tool`` message, an Anthropic ``tool_result`` user
+    message, a Responses output item, or a text-action block's user turn."""
+    if fmt == RESPONSES:
+        return message.get("type") in OUTPUT_TYPES
+    if fmt == OPENAI:
+        return message.get("role") == "tool"
+    return message.get("role") == "user"
 
 
 class RecordingEncoder(WrappedEncoder):

@@ -1,6 +1,6 @@
 """Online cost replay: every model call of every recorded run, under each forwarding policy.
 
-At each call of a run (each assistant turn; the request is the history before it) every
+At each recorded model call of a run (`Run.calls`; the request is the history before it) every
 policy of `online_policies` forwards its request; `costs` counts its o200k input tokens,
 the part a provider's prompt cache would serve (common prefix with the same policy's
 previous request), and the embedding tokens the policy caused. Totals per run and pooled
@@ -40,7 +40,7 @@ from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR, EmbeddingCache
 from gemkernels.compress.representation import block_text
 from gemkernels.compress.tokens import Encode, Prices, TokenCache
 from gemkernels.evaluate.costs import CallCost, Totals, call_cost
-from gemkernels.evaluate.loaders import Run, checkpoints
+from gemkernels.evaluate.loaders import Run
 from gemkernels.evaluate.online_policies import PolicyOptions, policy_builder, policy_label
 from gemkernels.evaluate.plotting import pyplot
 from gemkernels.evaluate.replay import action_text, save
@@ -133,7 +133,7 @@ def replay_run(run: Run, policies: Sequence[str], options: PolicyOptions,
     measured = [name for name in policies if name in evidence]
     found: dict[str, list[RewriteEvidence]] = {name: [] for name in measured}
     whole = parse_history(run.messages) if measured else None
-    for call, position in enumerate(checkpoints(run.messages)):
+    for call, position in enumerate(c.position for c in run.calls):
         request = run.messages[:position]
         for name, policy in live.items():
             forwarded = policy(request)

@@ -27,7 +27,7 @@ from gemkernels.compress.blocks import Block, parse_history
 from gemkernels.compress.encoders.cache import EmbeddingCache
 from gemkernels.compress.evidence import block_features
 from gemkernels.compress.representation import MAX_CHARS, block_text
-from gemkernels.evaluate.loaders import Run, load_runs
+from gemkernels.evaluate.loaders import Run, final_block, load_runs, skipped_lines
 from gemkernels.evaluate.plotting import pyplot
 from gemkernels.evaluate.retention import METRICS, Targets, action_references, block_words, referenced_blocks
 from gemkernels.evaluate.selectors import LABELS, SELECTORS, View, natural_budget
@@ -39,8 +39,9 @@ Row = tuple[str, str, float, int, np.ndarray]  # (experiment, selector, K or tau
 
 @dataclass(frozen=True)
 class RunJob:
-    """One run's replay inputs: blocks, checkpoints t (history ``blocks[:t]``, next action ``blocks[t]``),
-    block embeddings (n, d), next-action embeddings and task embeddings (c, d; nan rows: no task text)."""
+    """One run's replay inputs: blocks (the last one the run's final call without a result, `Run.final`, when it
+    has one), checkpoints t (history ``blocks[:t]``, next action ``blocks[t]``), block embeddings (n, d),
+    next-action embeddings and task embeddings (c, d; nan rows: no task text)."""
 
     name: str
     blocks: tuple[Block, ...]
@@ -80,10 +81,12 @@ def prepare(runs: Sequence[Run], cache: EmbeddingCache, min_blocks: int, progres
     repeated = {name for name, count in Counter(run.name for run in runs).items() if count > 1}
     for run in runs:
         history = parse_history(run.messages)
-        checkpoints = tuple(range(min_blocks, len(history.spans)))
+        final = final_block(run)
+        starts = [span.start for span in history.spans] + ([len(run.messages)] if final else [])
+        checkpoints = tuple(range(min_blocks, len(starts)))
         if checkpoints:
-            blocks = history.blocks
-            goals = checkpoint_goals(run, [span.start for span in history.spans], checkpoints)
+            blocks = history.blocks + ((final,) if final else ())
+            goals = checkpoint_goals(run, starts, checkpoints)
             name = f"{run.path}:{run.name}" if run.name in repeated else run.name
             staged.append((name, blocks, checkpoints, [block_text(b) for b in blocks],
                            [action_text(blocks[t]) for t in checkpoints], goals))
@@ -344,11 +347,18 @@ def finite(value: Any) -> Any:
     return value
 
 
+def report_reading(command: str, runs: Sequence[Run], errors: Sequence[tuple[str, str]]) -> None:
+    """On stderr: the files that could not be read, and the unreadable lines skipped in the others."""
+    for path, error in errors:
+        print(f"gem {command}: skipped {path}: {error}", file=sys.stderr)
+    for path, lines in skipped_lines(runs).items():
+        print(f"gem {command}: {path}: skipped {lines} unreadable line{'s' * (lines != 1)}", file=sys.stderr)
+
+
 def load_long_runs(paths: Sequence[str], min_blocks: int, command: str) -> list[Run]:
     """The runs with more than ``min_blocks`` blocks; bad files and an empty result are reported on stderr."""
     runs, errors = load_runs(paths)
-    for path, error in errors:
-        print(f"gem {command}: skipped {path}: {error}", file=sys.stderr)
+    report_reading(command, runs, errors)
     runs = [r for r in runs if len(parse_history(r.messages).spans) > min_blocks]
     if not runs:
         print(f"gem {command}: no run has more than {min_blocks} blocks", file=sys.stderr)

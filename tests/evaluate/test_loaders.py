@@ -1,7 +1,8 @@
 """Loaders: each recorded-run format from a tiny fixture cut from a real run, conversion invariants, batch loading.
 
-Fixtures under tests/fixtures/ are cut from shared/data/trajectories/ (long texts shortened, ``[...]`` marks a cut).
-The last test reads that folder itself when it is present.
+Fixtures under tests/fixtures/ are cut from shared/data/trajectories/ (long texts shortened, ``[...]`` marks a cut);
+the agent-log fixtures (test_log_readers.py) are written from the formats' observed structure. The last test reads
+that folder itself when it is present.
 """
 
 import json
@@ -20,6 +21,7 @@ REAL = TRAJECTORIES
 # file -> (format, runs in it, blocks per run)
 EXPECTED = {
     "mini_swe_agent.traj.json": ("mini-swe-agent-1", [4]),
+    "mini_swe_agent_1_1.traj.json": ("mini-swe-agent-1.1", [3]),
     "swe_agent_fc.traj": ("swe-agent", [5]),
     "swe_agent_legacy.traj": ("swe-agent", [2]),
     "swe_agent_trajectory.traj": ("swe-agent-trajectory", [3]),

@@ -259,7 +259,7 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert "| full |" in table and "| window(2) |" in table and "| gem-paper:delta=0.5 |" in table
     assert (tmp_path / "online.md").read_text().strip() == table.strip()
     data = json.loads((tmp_path / "online.json").read_text(), parse_constant=pytest.fail)  # strict: no NaN
-    assert data["pooled"]["all"]["full"]["relative"]["tokens"] == 1.0 and len(data["runs"]) == 9
+    assert data["pooled"]["all"]["full"]["relative"]["tokens"] == 1.0 and len(data["runs"]) == 20
     assert data["evidence"]["all"]["amortized"]["top3_kept"] is None  # no rewrite on these short runs: null
     assert (tmp_path / "online.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "online_by_length.png").read_bytes()[:4] == b"\x89PNG"

@@ -12,7 +12,7 @@ from gemkernels.compress.blocks import parse_history
 from gemkernels.compress.encoders import HashEncoder
 from gemkernels.compress.encoders.cache import EmbeddingCache
 from gemkernels.compress.representation import block_text
-from gemkernels.evaluate.loaders import load_runs
+from gemkernels.evaluate.loaders import final_block, load_runs
 from gemkernels.evaluate.replay import Plan, action_text, prepare, replay
 
 
@@ -47,15 +47,20 @@ def test_checkpoints_hold_the_history_before_the_next_action(jobs):
     for job in prepared:
         run = by_name[job.name]
         history = parse_history(run.messages)
-        assert job.checkpoints == tuple(range(2, len(history.spans)))
+        final = final_block(run)  # a run ending on a call without a result: that call is the last next action
+        assert job.blocks == history.blocks + ((final,) if final else ())
+        assert job.checkpoints == tuple(range(2, len(job.blocks)))
+        starts = [span.start for span in history.spans] + [len(run.messages)]
         for c, t in enumerate(job.checkpoints):  # the history a selector sees is the request before block t
-            assert parse_history(run.messages[:history.spans[t].start]).spans == history.spans[:t]
+            assert parse_history(run.messages[:starts[t]]).spans == history.spans[:t]
             target = action_text(job.blocks[t])
             assert "OBSERVATION" not in target
             np.testing.assert_allclose(job.actions[c], encoder.encode([target])[0], atol=1e-6)
         np.testing.assert_allclose(job.embeddings, encoder.encode([block_text(b) for b in job.blocks]), atol=1e-6)
     no_goal = next(job for job in prepared if job.name == "swe_agent_trajectory")
     assert np.isnan(no_goal.goals).all()
+    ending = {job.name: job for job in prepared}["mini_swe_agent_1_1"]  # its final call has no result: a checkpoint
+    assert ending.checkpoints == (2, 3) and ending.blocks[3].actions[0].arguments.startswith('{"command": "echo COMPL')
 
 
 def test_replay_is_deterministic_for_a_seed(jobs):
@@ -83,10 +88,10 @@ def test_replay_command_writes_tables_json_and_plots(tmp_path, capsys):
     assert args.func(args) == 0
     assert sorted(p.name for p in out.iterdir()) == ["k_sweep.png", "replay.json", "replay.md", "tau_sweep.png"]
     summary = json.loads((out / "replay.json").read_text())
-    assert summary["runs"] == 8 and set(summary["same_k"]["selectors"]) == set(args.selectors)
+    assert summary["runs"] == 12 and set(summary["same_k"]["selectors"]) == set(args.selectors)
     gem = summary["same_k"]["selectors"]["gem"]
-    assert gem["checkpoints"] == 3 and 0 <= gem["pooled"]["top3"] <= 1
-    assert summary["k_sweep"]["selectors"]["recent"]["3"]["checkpoints"] == 1  # only t = 4 exceeds every K
+    assert gem["checkpoints"] == 8 and 0 <= gem["pooled"]["top3"] <= 1  # t = 3 in five runs, t = 4 in three
+    assert summary["k_sweep"]["selectors"]["recent"]["3"]["checkpoints"] == 3  # only t = 4 exceeds every K
     assert set(summary["tau_sweep"]["variants"]) == {"gem", "gem_uncapped"}
     report = (out / "replay.md").read_text()
     for heading in ("Selectors at the same retained count K=2", "Exact retained-count sweep",

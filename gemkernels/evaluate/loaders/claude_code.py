@@ -1,0 +1,151 @@
+"""Claude Code transcripts (``~/.claude/projects/<project>/<session>.jsonl``) as Anthropic Messages runs.
+
+Claude Code writes one record per content block: the ``assistant`` records of one API response (``message.id``)
+are merged into one assistant message, and the ``tool_result`` parts of the ``user`` records after it into the one
+user message that answers it (a record's other parts follow as a user message of their own). Each response is one
+call, billed with the ``usage`` of its last record (input, output, cache read, cache creation). Records in file order;
+API-error and ``<synthetic>`` assistant records are left out (they are not model output). A ``compact_boundary``
+system record and the ``isCompactSummary`` user record after it, or an old ``summary`` record whose leaf is an
+earlier message of the file, mark a compaction. Sub-agents (``isSidechain``: inline, in ``agent-<id>.jsonl`` beside
+the session, or in ``<session>/subagents/``) are runs of their own, with the session as ``parent``, linked to the
+``Task`` / ``Agent`` call that started them by ``toolUseResult.agentId`` or, in older logs, by prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gemkernels.evaluate.loaders.model import Link, opening_task
+from gemkernels.evaluate.loaders.settle import Draft, Format
+from gemkernels.evaluate.loaders.usage import anthropic_usage
+
+#: Tools that start a sub-agent (renamed from ``Task`` to ``Agent`` in later versions).
+SUBAGENT_TOOLS = frozenset({"Task", "Agent"})
+
+
+def is_claude_code(data: Any) -> bool:
+    """JSON Lines of Claude Code records: ``user`` / ``assistant`` records carry a ``message`` and a ``uuid``."""
+    return isinstance(data, list) and any(
+        isinstance(r, dict) and r.get("type") in ("user", "assistant") and isinstance(r.get("message"), dict)
+        and isinstance(r.get("uuid"), str) for r in data)
+
+
+def read_claude_code(data: list[Any], stem: str) -> list[Draft]:
+    """The session's own run (when the file has main-chain records) and one run per sub-agent in the file."""
+    records = [r for r in data if isinstance(r, dict)]
+    session = next((r["sessionId"] for r in records if isinstance(r.get("sessionId"), str)), stem)
+    main = [r for r in records if not r.get("isSidechain")]
+    agents = sidechains([r for r in records if r.get("isSidechain")])
+    drafts = []
+    if any(r.get("type") in ("user", "assistant") for r in main):
+        draft = transcript(main, stem, session)
+        draft.spawned = spawned(main, session)
+        drafts.append(draft)
+    for key, group in agents.items():
+        name = stem if not drafts and len(agents) == 1 else f"{stem}/{key}"
+        draft = transcript(group, name, f"{session}/{key}")
+        draft.parent, draft.spawned = session, spawned(group, session)
+        drafts.append(draft)
+    return drafts
+
+
+def sidechains(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Sub-agent records by sub-agent: ``agent-<agentId>``, or (no ``agentId``) ``sidechain-<root uuid>`` of the
+    ``parentUuid`` chain the record belongs to."""
+    parent = {r.get("uuid"): r.get("parentUuid") for r in records}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if isinstance(record.get("agentId"), str):
+            key = f"agent-{record['agentId']}"
+        else:
+            root, seen = record.get("uuid"), set()
+            while parent.get(root) in parent and root not in seen:
+                seen.add(root)
+                root = parent[root]
+            key = f"sidechain-{root}"
+        groups.setdefault(key, []).append(record)
+    return groups
+
+
+def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
+    """One chain of records as Anthropic messages, with each response's usage and model and the compactions."""
+    draft = Draft(name, "claude-code", [], None, id=run_id)
+    messages = draft.messages
+    turn: dict[str, Any] | None = None  # the latest assistant message, while only its results follow it
+    turn_id = None
+    answer: dict[str, Any] | None = None  # the user message holding the results that answer ``turn``
+    billed: dict[str, int] = {}  # message.id -> id() of the message that carries its usage
+    leaves: set[str] = set()
+    pending: str | None = None  # a compaction marker waiting for the next message
+    for record in records:
+        kind, message = record.get("type"), record.get("message")
+        if kind == "system" and record.get("subtype") == "compact_boundary":
+            pending = "compact_boundary"
+        elif kind == "summary" and record.get("leafUuid") in leaves:
+            pending = "summary"
+        if kind not in ("user", "assistant") or not isinstance(message, dict):
+            continue
+        leaves.add(record.get("uuid"))
+        content = message.get("content")
+        blocks = [p for p in content if isinstance(p, dict)] if isinstance(content, list) else (
+            [{"type": "text", "text": content}] if isinstance(content, str) else [])
+        added: dict[str, Any] | None = None
+        if kind == "assistant":
+            if record.get("isApiErrorMessage") or message.get("model") == "<synthetic>":
+                continue
+            if turn is not None and message.get("id") is not None and message.get("id") == turn_id:
+                turn["content"].extend(blocks)
+            else:
+                turn, turn_id, answer = {"role": "assistant", "content": blocks}, message.get("id"), None
+                added = turn
+                messages.append(turn)
+            key = billed.setdefault(str(turn_id), id(turn))
+            if isinstance(message.get("usage"), dict):
+                draft.usage[key] = anthropic_usage(message["usage"])
+            if isinstance(message.get("model"), str):
+                draft.models.setdefault(key, message["model"])
+        else:
+            results = [p for p in blocks if p.get("type") == "tool_result"]
+            others = [p for p in blocks if p.get("type") != "tool_result"]
+            if results:
+                if answer is None or messages[-1] is not answer:
+                    answer = {"role": "user", "content": []}
+                    added = answer
+                    messages.append(answer)
+                answer["content"].extend(results)
+            if others:
+                user = {"role": "user", "content": content if isinstance(content, str) else others}
+                added = added or user
+                messages.append(user)
+                turn = answer = None
+        if pending and added is not None:
+            draft.compactions[id(added)] = pending
+            pending = None
+    draft.trailing_compaction = pending
+    draft.goal = opening_task(messages)
+    return draft
+
+
+def spawned(records: list[dict[str, Any]], session: str) -> tuple[Link, ...]:
+    """The sub-agent calls among ``records``: each ``Task`` / ``Agent`` tool_use, with the child's id where its
+    result's ``toolUseResult`` names the ``agentId``, and its prompt."""
+    children = {}
+    for record in records:
+        result = record.get("toolUseResult")
+        content = (record.get("message") or {}).get("content") if isinstance(record.get("message"), dict) else None
+        if isinstance(result, dict) and isinstance(result.get("agentId"), str) and isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "tool_result":
+                    children[part.get("tool_use_id")] = f"{session}/agent-{result['agentId']}"
+    links = []
+    for record in records:
+        content = (record.get("message") or {}).get("content") if record.get("type") == "assistant" else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") == "tool_use" and isinstance(part.get("id"), str) and (
+                    part.get("name") in SUBAGENT_TOOLS or "subagent_type" in (part.get("input") or {})):
+                prompt = (part.get("input") or {}).get("prompt")
+                links.append(Link(part["id"], children.get(part["id"]), prompt if isinstance(prompt, str) else None))
+    return tuple(links)
+
+
+FORMATS = (Format("claude-code", is_claude_code, read_claude_code),)

@@ -1,0 +1,103 @@
+"""Codex CLI rollouts (``~/.codex/sessions/**/rollout-*.jsonl``; the older ``{"session", "items"}`` JSON) as
+Responses API ``input`` runs.
+
+The ``response_item`` payloads are the input as Codex sent it: messages, ``function_call`` / ``custom_tool_call`` /
+``local_shell_call`` and their outputs (by ``call_id``), reasoning (its encrypted content kept opaque); the
+``event_msg`` records repeat them and are not replayed, except ``token_count``: each new cumulative total is one
+call's billed usage (``last_token_usage``; ``input_tokens`` counts the cached ones), and the first output item
+after it begins a new call even where the items alone would not show it (a lost output). ``compacted`` records (and
+``compaction`` items) mark the agent's own rewrites; a ``compacted`` summary becomes a user message. The shell tool's
+names across versions (``container.exec``, ``shell``, ``local_shell``, ``shell_command``, ``exec_command``) are one
+next-action name, ``shell``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gemkernels.evaluate.loaders.model import Usage, ends_response, is_output_item, opening_task
+from gemkernels.evaluate.loaders.settle import Draft, Format
+from gemkernels.evaluate.loaders.usage import codex_usage
+
+#: Codex's shell tool as its versions named it -> the next-action name.
+TOOL_NAMES = {"container.exec": "shell", "local_shell": "shell", "shell_command": "shell", "exec_command": "shell"}
+#: Rollout items that are Codex's own bookkeeping, never sent to the model.
+NOT_SENT = frozenset({"ghost_snapshot"})
+ROLLOUT_TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
+
+
+def is_rollout(data: Any) -> bool:
+    """JSON Lines of ``{timestamp, type, payload}`` records of Codex's types, or ``{"session", "items"}``."""
+    if isinstance(data, dict):
+        return isinstance(data.get("session"), dict) and isinstance(data.get("items"), list)
+    return isinstance(data, list) and any(
+        isinstance(r, dict) and r.get("type") in ROLLOUT_TYPES and isinstance(r.get("payload"), dict) for r in data)
+
+
+def read_rollout(data: Any, stem: str) -> list[Draft]:
+    """One run: the Responses items in order, each call's usage and model, the compactions and the first prompt."""
+    if isinstance(data, dict):
+        records = [{"type": "response_item", "payload": item} for item in data["items"] if isinstance(item, dict)]
+        session = data["session"].get("id")
+    else:
+        records = [r for r in data if isinstance(r, dict) and isinstance(r.get("payload"), dict)]
+        session = next((r["payload"].get("id") for r in records if r.get("type") == "session_meta"), None)
+    draft = Draft(stem, "codex", [], None, id=session if isinstance(session, str) else stem, rename=TOOL_NAMES)
+    items = draft.messages
+    starts: list[tuple[int, dict[str, Any]]] = []  # (record number, first item) of each call
+    usages: list[tuple[int, Usage]] = []  # (record number, usage) of each new cumulative total
+    model, total, pending, counted = None, None, None, False
+    for number, record in enumerate(records):
+        kind, payload = record.get("type"), record["payload"]
+        if kind == "turn_context" and isinstance(payload.get("model"), str):
+            model = payload["model"]
+        elif kind == "compacted":
+            pending = "compacted"
+            if isinstance(payload.get("message"), str) and payload["message"]:
+                summary = {"type": "message", "role": "user",
+                           "content": [{"type": "input_text", "text": payload["message"]}]}
+                draft.compactions[id(summary)], pending = pending, None
+                items.append(summary)
+        elif kind == "event_msg" and payload.get("type") == "user_message" and draft.goal is None:
+            draft.goal = payload.get("message") if isinstance(payload.get("message"), str) else None
+        elif kind == "event_msg" and payload.get("type") == "token_count" and isinstance(payload.get("info"), dict):
+            info = payload["info"]
+            if info.get("total_token_usage") != total and isinstance(info.get("last_token_usage"), dict):
+                total, counted = info.get("total_token_usage"), True
+                usages.append((number, codex_usage(info["last_token_usage"])))
+        elif kind == "response_item" and payload.get("type") not in NOT_SENT:
+            if payload.get("type") == "compaction":
+                pending = "compaction"
+            if pending:
+                draft.compactions[id(payload)], pending = pending, None
+            if is_output_item(payload) and (counted or not (items and is_output_item(items[-1]))
+                                            or ends_response(items[-1], payload)):
+                starts.append((number, payload))
+                draft.starts.add(id(payload))  # the log's own boundary: after a new count, a new call
+                counted = False
+                if model:
+                    draft.models[id(payload)] = model
+            items.append(payload)
+    draft.trailing_compaction = pending
+    draft.goal = draft.goal or opening_task(items)
+    for item, usage in attribute(starts, usages):
+        draft.usage[id(item)] = usage
+    return [draft]
+
+
+def attribute(starts: list[tuple[int, dict[str, Any]]], usages: list[tuple[int, Usage]]
+              ) -> list[tuple[dict[str, Any], Usage]]:
+    """Each usage with its call: in order when the counts agree, else each with the first call recorded after it
+    (Codex writes a call's count just before its items; a count of a turn that wrote no item joins the next call's)
+    and a count after the last call with that call."""
+    if len(starts) == len(usages):
+        return [(item, usage) for (_, item), (_, usage) in zip(starts, usages)]
+    paired: dict[int, Usage] = {}
+    for number, usage in usages:
+        i = next((i for i, (at, _) in enumerate(starts) if at > number), len(starts) - 1)
+        if i >= 0:
+            paired[i] = paired.get(i, Usage()) + usage
+    return [(starts[i][1], paired[i]) for i in sorted(paired)]
+
+
+FORMATS = (Format("codex", is_rollout, read_rollout),)
