@@ -228,7 +228,11 @@ class Proxy:
         return relayed
 
     async def answer(self, response: httpx.Response) -> AsyncIterator[bytes]:
-        """The upstream's body, chunk by chunk as it arrives."""
+        """The upstream's body, chunk by chunk as it arrives (at once from a transport that read it already, as
+        ``httpx.MockTransport`` does)."""
+        if response.is_stream_consumed:
+            yield response.content
+            return
         try:
             async for chunk in response.aiter_raw():
                 yield chunk
