@@ -118,7 +118,8 @@ def reasoning_text(item: dict[str, Any]) -> str:
     return "\n".join(part.get("text", "") for part in summary if isinstance(part, dict))
 
 
-def item_identity(item: dict[str, Any]) -> Any:
-    """What an item says, hashable: its type, call id, name, arguments or input, output and reasoning."""
-    return tuple(repr(item.get(key)) for key in ("type", "call_id", "name", "arguments", "input", "action", "output",
-                                                 "summary", "encrypted_content", "content"))
+def item_identity(item: dict[str, Any]) -> tuple[Any, ...]:
+    """What an item says, hashable: each field in the client's order, texts and numbers as they are (a repr copies
+    and escapes a long output), nested values as their repr."""
+    return tuple((key, value if isinstance(value, (str, int, float, bool, type(None))) else repr(value))
+                 for key, value in item.items())
