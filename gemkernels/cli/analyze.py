@@ -10,7 +10,7 @@ from pathlib import Path
 from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR
-from gemkernels.evaluate.loaders import PATHS_HELP
+from gemkernels.evaluate.loaders import PATHS_HELP, SUBAGENTS, SUBAGENTS_HELP
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser("analyze", help="spectral concentration with controls, low-energy action share, "
                                               "controlled replacement", description=__doc__.splitlines()[0])
     p.add_argument("paths", nargs="+", help=PATHS_HELP)
+    p.add_argument("--subagents", choices=SUBAGENTS, default="include", help=SUBAGENTS_HELP)
     p.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     p.add_argument("--out", default="analysis-out", help="folder for analysis.md, analysis.json and the plots")
     p.add_argument("--seed", type=int, default=0, help="seed of the control matrices")
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from gemkernels.evaluate.analysis_report import analyse, markdown, plot
     from gemkernels.evaluate.replay import load_long_runs, prepare, write_report
 
-    runs = load_long_runs(args.paths, args.min_blocks, "analyze")
+    runs = load_long_runs(args.paths, args.min_blocks, "analyze", args.subagents)
     if not runs:
         return 2
     cache = EmbeddingCache(make_encoder(args.encoder), args.cache_dir)

@@ -12,7 +12,7 @@ from typing import Any
 from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.tokens import Prices
-from gemkernels.evaluate.loaders import PATHS_HELP
+from gemkernels.evaluate.loaders import PATHS_HELP, SUBAGENTS, SUBAGENTS_HELP
 from gemkernels.evaluate.online_policies import POLICIES, PolicyOptions
 from gemkernels.evaluate.online_replay import BASELINE, DEFAULT_POLICIES, EVIDENCE_POLICIES, LONG_RUNS
 
@@ -22,6 +22,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("online", help="replay recorded runs call by call: input tokens, prompt cache "
                                                   "and price under each forwarding policy")
     parser.add_argument("paths", nargs="+", help=PATHS_HELP)
+    parser.add_argument("--subagents", choices=SUBAGENTS, default="include", help=SUBAGENTS_HELP)
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                         help=f"comma-separated, from {', '.join(POLICIES)}, or gem-<preset>:field=value:... "
                              "(a preset with GEMConfig overrides, evidence.<field> for evidence limits; "
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gem online: {err}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    runs, load_errors = load_runs(args.paths)
+    runs, load_errors = load_runs(args.paths, args.subagents)
     replays, errors = replay_runs(runs, names, options, workers=args.workers, evidence=evidence)
     report_reading("online", runs, load_errors + errors)
     if not replays:

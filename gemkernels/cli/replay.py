@@ -9,7 +9,7 @@ from pathlib import Path
 from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR
-from gemkernels.evaluate.loaders import PATHS_HELP
+from gemkernels.evaluate.loaders import PATHS_HELP, SUBAGENTS, SUBAGENTS_HELP
 from gemkernels.evaluate.replay import DEFAULT_KS, DEFAULT_TAUS
 from gemkernels.evaluate.selectors import SELECTORS
 
@@ -41,6 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                               epilog="Per-call tokens, prompt cache and price of whole runs under each forwarding "
                                      "policy (GEM presets, amortized forgetting, window, masking): gem online.")
     p.add_argument("paths", nargs="+", help=PATHS_HELP)
+    p.add_argument("--subagents", choices=SUBAGENTS, default="include", help=SUBAGENTS_HELP)
     p.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     p.add_argument("--k", type=int, default=16, help="retained count of the selector table (default %(default)s)")
     p.add_argument("--sweep", nargs="*", choices=("k", "tau"), default=[], help="also sweep exact K and/or tau")
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         write_report,
     )
 
-    runs = load_long_runs(args.paths, args.min_blocks, "replay")[:args.max_runs]
+    runs = load_long_runs(args.paths, args.min_blocks, "replay", args.subagents)[:args.max_runs]
     if not runs:
         return 2
     cache = EmbeddingCache(make_encoder(args.encoder), args.cache_dir)

@@ -355,9 +355,10 @@ def report_reading(command: str, runs: Sequence[Run], errors: Sequence[tuple[str
         print(f"gem {command}: {path}: skipped {lines} unreadable line{'s' * (lines != 1)}", file=sys.stderr)
 
 
-def load_long_runs(paths: Sequence[str], min_blocks: int, command: str) -> list[Run]:
-    """The runs with more than ``min_blocks`` blocks; bad files and an empty result are reported on stderr."""
-    runs, errors = load_runs(paths)
+def load_long_runs(paths: Sequence[str], min_blocks: int, command: str, subagents: str = "include") -> list[Run]:
+    """The runs with more than ``min_blocks`` blocks (sub-agents' per ``subagents``, `load_runs`); bad files and an
+    empty result are reported on stderr."""
+    runs, errors = load_runs(paths, subagents)
     report_reading(command, runs, errors)
     runs = [r for r in runs if len(parse_history(r.messages).spans) > min_blocks]
     if not runs:

@@ -444,3 +444,16 @@ def test_gem_analyze_reads_log_trees(tmp_path):
                                  "--cache-dir", str(tmp_path / "cache"), "--quiet"]) == 0
     summary = json.loads((out / "analysis.json").read_text())
     assert summary["runs"] == 4 and (out / "analysis.md").read_text().startswith("#")  # more than 2 blocks
+
+
+def test_subagent_runs_are_included_excluded_or_alone_on_request():
+    from gemkernels.evaluate.loaders import load_runs
+
+    tree = FIXTURES / "claude-code"
+    every, _ = load_runs(tree)
+    main, _ = load_runs(tree, "exclude")
+    subs, _ = load_runs(tree, "only")
+    assert subs and main and len(main) + len(subs) == len(every)
+    assert all(run.parent is None for run in main) and all(run.parent is not None for run in subs)
+    with pytest.raises(ValueError, match="subagents must be one of"):
+        load_runs(tree, "some")

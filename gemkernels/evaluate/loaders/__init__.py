@@ -35,8 +35,11 @@ from gemkernels.evaluate.loaders.settle import UNANSWERED, build, final_block
 __all__ = ["BASH_BLOCK", "FORMATS", "PATHS_HELP", "RUN_SUFFIXES", "UNANSWERED", "Call", "Compaction", "Link",
            "Messages", "NextAction", "Run", "Usage", "checkpoints", "convert", "expand_paths", "final_block",
            "known_formats", "link_runs", "load_run", "load_runs", "opening_task", "read_runs", "run_stem",
-           "skipped_lines"]
+           "skipped_lines", "SUBAGENTS", "SUBAGENTS_HELP"]
 
+#: Which runs of sub-agents (a run with a ``parent``) `load_runs` keeps.
+SUBAGENTS = ("include", "exclude", "only")
+SUBAGENTS_HELP = "sub-agents' runs: include them (default), exclude them, or replay only them"
 #: What the replay commands take as input.
 PATHS_HELP = ("recorded runs or agent logs: files, folder trees (~/.claude/projects, ~/.codex/sessions) or globs, "
               "in any format these readers know: " + known_formats())
@@ -58,10 +61,12 @@ def read_runs(path: str | os.PathLike[str]) -> list[Run]:
     return link_runs([build(draft, str(path), document.skipped) for draft in convert(document.data, run_stem(path))])
 
 
-def load_runs(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+def load_runs(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], subagents: str = "include"
               ) -> tuple[list[Run], list[tuple[str, str]]]:
-    """Runs from files, directories (recursive: *.json, *.jsonl, *.traj) and globs, sub-agents linked across files;
-    bad inputs as (path, error)."""
+    """Runs from files, directories (recursive: *.json, *.jsonl, *.traj) and globs, sub-agents linked across files
+    (``subagents``: ``include`` them, ``exclude`` them, or keep ``only`` them); bad inputs as (path, error)."""
+    if subagents not in SUBAGENTS:
+        raise ValueError(f"subagents must be one of {', '.join(SUBAGENTS)}, got {subagents!r}")
     runs: list[Run] = []
     files, errors = expand_paths(paths)
     for file in files:
@@ -69,7 +74,10 @@ def load_runs(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
             runs.extend(read_runs(file))
         except Exception as err:  # one bad file must not stop the others; it is reported instead
             errors.append((str(file), f"{type(err).__name__}: {err}"))
-    return link_runs(runs), errors
+    linked = link_runs(runs)
+    if subagents != "include":
+        linked = [run for run in linked if (run.parent is None) == (subagents == "exclude")]
+    return linked, errors
 
 
 def skipped_lines(runs: Sequence[Run]) -> dict[str, int]:
