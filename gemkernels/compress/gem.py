@@ -208,15 +208,8 @@ class GEM:
             selected_at = state.blocks_at_selection if state is not None else 0
             reason = f"{n - seen} new blocks appended to the saved forwarded set"
         select_seconds = time.perf_counter() - select_started
-        other = None if self.count_tokens is None else sum(
-            self.count_other_tokens(serialise(messages[p])) for p in range(len(messages))
-            if p not in history.block_positions)
-        if cfg.max_forward_tokens is not None:
-            fixed = other if other is not None else -(-request_chars(messages, history, []) // 4)
-            dropped = ceiling_drops(forwarded, sizes, fixed, core, seeds, cfg.max_forward_tokens)
-            if dropped:
-                forwarded = forwarded - set(dropped)
-                reason += f"; {len(dropped)} more blocks dropped to fit max_forward_tokens {cfg.max_forward_tokens}"
+        other = self._other_tokens(history)
+        forwarded, reason = self._ceiling(history, forwarded, sizes, other, core, seeds, reason)
 
         out = reconstruct(history, forwarded)
         if save:
@@ -248,17 +241,45 @@ class GEM:
             return self._passthrough(messages, why, session_id, started)
         n, seen = len(keys), len(state.block_keys)
         forwarded = {b for b in range(seen) if keys[b] in state.forwarded} | set(range(seen, n))
+        reason = f"{why}; {n - seen} new blocks appended to the saved forwarded set"
+        if self.config.max_forward_tokens is not None:  # new blocks weigh their characters / 4 (not counted yet)
+            tokens = [block_tokens(state.block_cache[key]) if key in state.block_cache else
+                      -(-sum(serialised_chars(messages[p]) for p in span.positions) // 4)
+                      for key, span in zip(keys, history.spans)]
+            forwarded, reason = self._ceiling(history, forwarded, tokens, self._other_tokens(history), (), (), reason)
         removed = sorted(set(range(n)) - forwarded)
         sizes = message_sizes if message_sizes is not None else [serialised_chars(m) for m in messages]
         out = reconstruct(history, forwarded)
         chars_before = sum(sizes)
         stats = CompressionStats(
-            APPENDED, f"{why}; {n - seen} new blocks appended to the saved forwarded set", session_id, blocks=n,
+            APPENDED, reason, session_id, blocks=n,
             forwarded_blocks=len(forwarded), removed_blocks=removed, messages_before=len(messages),
             messages_after=len(out), chars_before=chars_before,
             chars_after=chars_before - sum(sizes[p] for b in removed for p in history.spans[b].positions),
             seconds={"total": time.perf_counter() - started})
         return Compressed(out, stats)
+
+    def _other_tokens(self, history: History) -> int | None:
+        """The tokens of the messages outside blocks (None without a token counter)."""
+        if self.count_tokens is None:
+            return None
+        messages = history.messages
+        return sum(self.count_other_tokens(serialise(messages[p])) for p in range(len(messages))
+                   if p not in history.block_positions)
+
+    def _ceiling(self, history: History, forwarded: set[int], sizes: Sequence[int], other: int | None,
+                 core: Sequence[int], seeds: Sequence[int], reason: str) -> tuple[set[int], str]:
+        """``forwarded`` within ``max_forward_tokens`` (`ceiling_drops`; ``sizes``: each block's tokens, ``other``:
+        those outside blocks, else their characters / 4), and ``reason`` saying what that dropped."""
+        ceiling = self.config.max_forward_tokens
+        if ceiling is None:
+            return forwarded, reason
+        fixed = other if other is not None else -(-request_chars(history.messages, history, []) // 4)
+        dropped = ceiling_drops(forwarded, sizes, fixed, core, seeds, ceiling)
+        if not dropped:
+            return forwarded, reason
+        note = f"; {len(dropped)} more blocks dropped to fit max_forward_tokens {ceiling}"
+        return forwarded - set(dropped), reason + note
 
     def _rewrite(self, block_chars: Sequence[int], embeddings: np.ndarray, seeds: list[int], sizes: Sequence[int],
                  total_chars: int) -> tuple[set[int], list[int], float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -118,10 +119,17 @@ def instructions_text(body: Mapping[str, Any]) -> str:
     return "\x1e".join(texts)
 
 
+#: The line Claude Code (2.1 and later) opens its system prompt with; its hashes change from request to request.
+BILLING_HEADER = re.compile(r"\Ax-anthropic-billing-header:[^\n]*\n?")
+
+
 def text_of(value: Any) -> str:
-    """A string, or the ``text`` of each part of a list ('' for anything else)."""
+    """A string, or the ``text`` of each part of a list ('' for anything else), without Claude Code's billing
+    header line."""
     if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "\n".join(part["text"] for part in value if isinstance(part, dict) and isinstance(part.get("text"), str))
-    return ""
+        texts = [value]
+    elif isinstance(value, list):
+        texts = [part["text"] for part in value if isinstance(part, dict) and isinstance(part.get("text"), str)]
+    else:
+        texts = []
+    return "\n".join(text for text in (BILLING_HEADER.sub("", text) for text in texts) if text)

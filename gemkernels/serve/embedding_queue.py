@@ -146,6 +146,10 @@ class EncodingQueue(WrappedEncoder):
             if rows.shape != (len(chunk), self.dim):
                 raise ValueError(f"encoder {self.name} returned shape {rows.shape} for {len(chunk)} texts")
         except BaseException as err:  # every waiter must wake up
+            if len(chunk) > 1 and isinstance(err, Exception):  # a text the encoder rejects fails its own call only
+                for item in chunk:
+                    self._run([item])
+                return
             with self.cond:
                 futures = [self.inflight.pop(key) for key, _ in chunk]
             for future in futures:

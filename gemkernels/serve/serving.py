@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -54,6 +55,8 @@ HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"p
 #: Header names (lower-case bytes) not forwarded: hop-by-hop ones both ways, the proxy's own session header upstream.
 NOT_FORWARDED = HOP_BY_HOP | {GEM_SESSION_HEADER.encode()}
 NOT_FORWARDED_DECODED = NOT_FORWARDED | {b"content-encoding"}
+#: A relayed body goes out as it comes, so its Content-Length goes with it (httpx sends an iterator chunked otherwise).
+NOT_FORWARDED_STREAMED = NOT_FORWARDED - {b"content-length"}
 NOT_RELAYED = HOP_BY_HOP - {b"content-length"}
 #: Request headers that carry a credential, in the order the tenant is read from.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
@@ -77,6 +80,12 @@ def session_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | Non
     """The session a request belongs to (`gemkernels.compress.sessions.request_session`: Claude Code's and Codex's
     session headers, ``X-GEM-Session`` first, then the body, each per agent), else None (prefix hash)."""
     return request_session(body, headers)
+
+
+def url_part(raw: bytes) -> str:
+    """A path or query as the client sent it, each non-ASCII byte percent-encoded (httpx takes ASCII only; the
+    upstream decodes the same bytes)."""
+    return re.sub(rb"[\x80-\xff]", lambda match: b"%%%02X" % match[0][0], raw).decode("ascii")
 
 
 class AsciiJSONResponse(JSONResponse):
@@ -145,8 +154,8 @@ class Proxy:
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: relayed; with ``count_compressed``, the request as it would be
-        forwarded (a dry run of its compression)."""
-        if not self.config.count_compressed:
+        forwarded (a dry run of its compression); relayed in observe mode, where every request goes out as sent."""
+        if not self.config.count_compressed or self.observer is not None:
             return await self.relay(request)
         raw = await read_body(request, self.config.max_body_bytes, self.config.body_timeout)
         if isinstance(raw, Response):
@@ -196,25 +205,31 @@ class Proxy:
             logger.info("gemkernels: forwarding unchanged: %s", detail)
 
     async def relay(self, request: Request) -> Response:
-        """Any other request: to the upstream of its format, its body streamed through untouched."""
+        """Any other request: to the upstream of its format, its body streamed through untouched in the client's
+        framing (a request without a body, a GET say, goes out without one)."""
         self.metrics.requests.labels(RELAYED, PASSTHROUGH).inc()
         kind = upstream_for(request.url.path, request.headers)
-        return await self.forward(request, kind, request.stream())
+        framed = "content-length" in request.headers or "transfer-encoding" in request.headers
+        return await self.forward(request, kind, request.stream() if framed else b"")
 
     async def forward(self, request: Request, kind: str, content: bytes | AsyncIterator[bytes],
                       decoded_body: bool = False) -> Response:
         """``content`` to the ``kind`` upstream with the request's method, path, query and headers; its answer."""
-        dropped = NOT_FORWARDED_DECODED if decoded_body else NOT_FORWARDED
+        if isinstance(content, bytes):
+            dropped = NOT_FORWARDED_DECODED if decoded_body else NOT_FORWARDED
+        else:
+            dropped = NOT_FORWARDED_STREAMED
         headers = [(k, v) for k, v in request.headers.raw if k.lower() not in dropped]  # bytes as sent
-        path = request.scope.get("raw_path", request.url.path.encode()).decode("latin-1")
-        url = self.upstreams.url(kind, path)
+        url = self.upstreams.url(kind, url_part(request.scope.get("raw_path", request.url.path.encode())))
         try:
-            response = await self.upstreams.send(request.method, url, request.scope.get("query_string", b"").decode(
-                "latin-1"), headers, content)
+            response = await self.upstreams.send(request.method, url, url_part(request.scope.get("query_string", b"")),
+                                                 headers, content)
         except httpx.TimeoutException as err:
             self.metrics.upstream_errors.labels("timeout").inc()
             return error_response(504, "upstream_timeout",
                                   f"the upstream did not answer in time ({type(err).__name__})")
+        except httpx.InvalidURL as err:  # not an HTTPError: a URL httpx will not send (past 64 KiB, say)
+            return error_response(400, "invalid_request_url", f"the request URL cannot be forwarded ({err})")
         except httpx.HTTPError as err:
             self.metrics.upstream_errors.labels("unreachable").inc()
             return error_response(502, "upstream_unreachable",

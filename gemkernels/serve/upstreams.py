@@ -51,12 +51,12 @@ class Upstreams:
     async def send(self, method: str, url: str, query: str, headers: Sequence[tuple[bytes, bytes]],
                    content: bytes | AsyncIterable[bytes]) -> httpx.Response:
         """The upstream's response, streaming (the caller closes it); raises httpx's errors. ``query`` is the raw
-        query string, forwarded as sent."""
+        query string (ASCII), forwarded as sent."""
         pool = self.awaiting.index(min(self.awaiting))
         client = self.clients[pool]
         request = client.build_request(method, url, headers=headers, content=content)
         if query:
-            request.url = request.url.copy_with(query=query.encode("latin-1"))
+            request.url = request.url.copy_with(query=query.encode("ascii"))
         self.awaiting[pool] += 1
         try:
             return await client.send(request, stream=True)

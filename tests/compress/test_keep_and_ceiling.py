@@ -75,3 +75,39 @@ def test_ceiling_drops_go_outside_the_core_first_then_the_core_then_the_protecte
     assert ceiling_drops(set(range(8)), sizes, fixed=0, core=[1, 2, 5], seeds=[1], ceiling=80) == []
     assert ceiling_drops(set(range(8)), sizes, fixed=0, core=[1, 2, 5], seeds=[1], ceiling=35) == [0, 3, 4, 6, 2]
     assert ceiling_drops(set(range(8)), sizes, fixed=0, core=[1, 2, 5], seeds=[1], ceiling=5) == [0, 3, 4, 6, 2, 5, 1]
+
+
+class DeferringHash:
+    """The hash encoder that raises `EncodingDeferred` for new texts while ``defer`` is set (a proxy's budget)."""
+
+    def __init__(self) -> None:
+        from gemkernels.compress.encoders import HashEncoder
+
+        self.inner, self.known, self.defer = HashEncoder(256), set(), False
+        self.name, self.dim = self.inner.name, self.inner.dim
+
+    def encode(self, texts):
+        from gemkernels.compress.encoders import EncodingDeferred
+
+        if self.defer and not set(texts) <= self.known:
+            raise EncodingDeferred("not yet")
+        self.known.update(texts)
+        return self.inner.encode(texts)
+
+
+def test_the_ceiling_holds_on_a_request_sent_before_its_blocks_were_encoded():
+    """A request past the encoding budget goes out as the saved forwarded set plus every new block; that append
+    passed max_forward_tokens (the model's window, say) by as much as the new blocks weighed."""
+    messages = synthetic_history(80, seed=3)
+    history = parse_history(messages)
+    first = messages[:history.spans[40].start]
+    ceiling = request_tokens(first)
+    encoder = DeferringHash()
+    gem = gk.GEM(with_overrides("paper", [f"max_forward_tokens={ceiling}"]), encoder=encoder, token_counter=None)
+    assert gem.compress(first, session_id="s").stats.action != "passthrough"
+    encoder.defer = True
+    out = gem.compress(messages, session_id="s")
+    assert "encoding deferred" in out.stats.reason and "max_forward_tokens" in out.stats.reason
+    assert request_tokens(out.messages) <= ceiling + 1 < request_tokens(messages)
+    parse_history(out.messages)  # whole blocks only
+    assert out.messages[-2:] == messages[-2:]  # the newest block stays

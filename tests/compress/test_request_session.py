@@ -68,3 +68,23 @@ def test_a_dry_run_forwards_what_the_request_would_and_leaves_the_session_as_it_
     real = gem.compress(messages, session_id="s")
     assert dry.messages == real.messages and dry.stats.removed_blocks == real.stats.removed_blocks
     assert first.stats.action == "reselected" and gem.store.get("s") is not state
+
+
+def test_claude_codes_billing_header_does_not_make_every_request_a_new_session():
+    """Claude Code (2.1.x) opens ``system`` with ``x-anthropic-billing-header: cc_version=...; cch=...;``, whose
+    hashes change from request to request: hashed with the instructions, every request was a session of its own,
+    so GEM never appended (a rewrite each call, or no compression at all under cache-aware)."""
+    headers = {"x-claude-code-session-id": "c"}
+
+    def body(cch: str, joined: bool = False) -> dict:
+        header = f"x-anthropic-billing-header: cc_version=2.1.37.{cch[:3]}; cc_entrypoint=cli; cch={cch};"
+        system = ([{"type": "text", "text": header + "\nYou are Claude Code."}] if joined else
+                  [{"type": "text", "text": header}, *SYSTEM])
+        return {**BODY, "system": system}
+
+    main = request_session(BODY, headers)
+    assert request_session(body("fa690"), headers) == request_session(body("0aaa9"), headers) == main
+    assert request_session(body("36ee5", joined=True), headers) == main
+    assert request_session({**body("fa690"), "system": [body("fa690")["system"][0], {"type": "text",
+                                                                                       "text": "A sub-agent."}]},
+                           headers) != main

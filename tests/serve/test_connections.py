@@ -22,10 +22,10 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
-from gemkernels.serve.app import create_app
-from gemkernels.serve.config import ServerConfig
-from gemkernels.serve.connections import HeaderDeadline, http_protocol, http_protocol_on, uvicorn_options
-from gemkernels.testing.fake_upstream import FakeUpstream, ServerThread, free_port
+from gemkernels.serve.app import create_app  # noqa: E402
+from gemkernels.serve.config import ServerConfig  # noqa: E402
+from gemkernels.serve.connections import HeaderDeadline, http_protocol, http_protocol_on, uvicorn_options  # noqa: E402
+from gemkernels.testing.fake_upstream import FakeUpstream, ServerThread, free_port  # noqa: E402
 
 HEADER_S = 0.5
 KEEP_ALIVE_S = 2.0

@@ -231,3 +231,46 @@ def test_a_huge_request_does_not_delay_a_warm_session_through_the_proxy(monkeypa
 def proxy_queue_busy(encoder: SlowEncoder, blocks: int) -> bool:
     """Whether the huge request's block texts are not all encoded yet."""
     return sum("output number" in text for text in encoder.seen()) < blocks
+
+
+def test_a_text_the_encoder_rejects_fails_only_its_own_call_not_the_others_in_its_chunk():
+    """MiniLM's tokenizer raises on a lone surrogate (a tool output decoded with surrogateescape): the chunk it
+    shares with other calls' texts is retried text by text, so only the call that sent it fails."""
+    gate = threading.Event()
+
+    class Gated(SlowEncoder):
+        def encode(self, texts):
+            if "warm" in texts:
+                gate.wait(10)
+            return super().encode(texts)
+
+    inner = Gated(fail_on="poison")
+    queue = EncodingQueue(inner, max_batch=64, chunk_seconds=1000.0)  # after the first call, one chunk takes all
+    try:
+        threading.Thread(target=queue.encode, args=(["warm"],), daemon=True).start()
+        wait_until(lambda: queue.inflight and not queue.queued)  # the runner holds "warm" at the gate
+        failed: list[BaseException] = []
+
+        def poisoned() -> None:
+            try:
+                queue.encode(["poison"])
+            except ValueError as err:
+                failed.append(err)
+
+        bad = threading.Thread(target=poisoned, daemon=True)
+        bad.start()
+        wait_until(lambda: queue.queued == 1)
+        rows: list[np.ndarray] = []
+        good = threading.Thread(target=lambda: rows.append(queue.encode(["fine one", "fine two"])), daemon=True)
+        good.start()
+        wait_until(lambda: queue.queued == 3)
+        gate.set()
+        bad.join(10)
+        good.join(10)
+        assert len(failed) == 1 and "cannot take" in str(failed[0])
+        assert len(rows) == 1 and np.array_equal(rows[0], HashEncoder(64).encode(["fine one", "fine two"]))
+        assert sorted(["poison", "fine one", "fine two"]) in map(sorted, inner.calls)  # they did share a chunk
+        assert not queue.inflight and len(queue.cache) == 3  # warm and the two fine texts
+    finally:
+        gate.set()
+        queue.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import anyio
 import pytest
 
 pytest.importorskip("starlette")
@@ -124,3 +125,63 @@ def test_a_message_longer_than_the_tokenizer_takes_is_counted_in_pieces():
     cut = pieces(text, 100_000)
     assert "".join(cut) == text and all(len(p) <= 100_000 for p in cut) and cut[0].endswith(" ")
     assert len(o200k_encode()(text)) > 0
+
+
+
+def asgi_get(client: TestClient, raw_path: bytes, query: bytes) -> list[dict]:
+    """The ASGI messages the app sends for a GET of ``raw_path`` and ``query`` as bytes a server parsed (uvicorn's
+    httptools protocol passes bytes that no httpx client can send, so the request skips the test client)."""
+    sent: list[dict] = []
+
+    async def call() -> None:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+                 "scheme": "http", "path": raw_path.decode("utf-8", "replace"), "raw_path": raw_path,
+                 "query_string": query, "headers": [(b"host", b"proxy")], "client": ("127.0.0.1", 1),
+                 "server": ("proxy", 80)}
+
+        requested = False
+
+        async def receive() -> dict:
+            nonlocal requested
+            if requested:  # the client stays connected until the response is complete
+                await anyio.sleep_forever()
+            requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        try:
+            await client.app(scope, receive, send)
+        except Exception:  # Starlette re-raises what it answered 500 for
+            pass
+
+    client.portal.call(call)
+    return sent
+
+
+def test_a_url_httpx_cannot_carry_is_answered_400_not_500(proxy):
+    """httpx refuses a URL past 64 KiB (``InvalidURL``, not an ``HTTPError``), which uvicorn's httptools parser
+    does read: the proxy answered 500; now it says why, as a 400 in its own error JSON."""
+    client, received = proxy
+    sent = asgi_get(client, b"/v1/models", b"q=" + b"a" * 70_000)
+    assert sent[0]["status"] == 400 and not received
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["type"] == "invalid_request_url" and "too long" in error["message"]
+
+
+def test_non_ascii_bytes_in_the_path_and_query_go_out_percent_encoded():
+    """httptools passes raw UTF-8 bytes in a request target: the query's made httpx raise UnicodeDecodeError (a
+    500), the path's were read as Latin-1 and sent re-encoded as other bytes (``%C3%83%C2%A9`` for ``é``)."""
+    received: list[httpx.Request] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        received.append(request)
+        return httpx.Response(200, json={"ok": True})
+
+    app = create_app(ServerConfig(upstream="http://upstream/v1", encoder="hash"),
+                     transport=httpx.MockTransport(upstream))
+    with TestClient(app) as client:
+        sent = asgi_get(client, "/v1/files/é".encode(), "q=é&r=%C3%A9".encode())
+    assert sent[0]["status"] == 200
+    assert received[-1].url.raw_path == b"/v1/files/%C3%A9?q=%C3%A9&r=%C3%A9"  # the same bytes, as an upstream reads

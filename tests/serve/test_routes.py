@@ -206,3 +206,39 @@ def test_a_side_request_under_the_same_session_leaves_the_main_prefix_alone(upst
         return sent
 
     assert run(with_side_requests=True) == run(with_side_requests=False)
+
+
+def test_a_relayed_request_keeps_its_framing_no_body_stays_no_body_and_a_length_stays_a_length(upstreams, proxy):
+    """httpx sends an iterator body chunked: a relayed GET went out with ``Transfer-Encoding: chunked`` and a PUT
+    lost its ``Content-Length`` (servers that refuse a chunked upload, or any body on a GET, refused them)."""
+    openai, _, _, _ = upstreams
+    assert httpx.get(proxy + "/v1/models").status_code == 200
+    got = last(openai, "/v1/models")
+    assert "transfer-encoding" not in got.headers and "content-length" not in got.headers and got.raw == b""
+    payload = b"x" * 300_000
+    assert httpx.put(proxy + "/v1/files/f1", content=payload).json()["body_bytes"] == len(payload)
+    got = last(openai, "/v1/files/f1")
+    assert got.headers["content-length"] == str(len(payload)) and "transfer-encoding" not in got.headers
+
+    def chunks():
+        yield b"a" * 1000
+        yield b"b" * 1000
+
+    assert httpx.post(proxy + "/v1/files/f2", content=chunks()).json()["body_bytes"] == 2000  # chunked as sent
+    assert last(openai, "/v1/files/f2").headers["transfer-encoding"] == "chunked"
+
+
+def test_observe_mode_relays_count_tokens_as_sent_even_with_count_compressed(upstreams):
+    """Observe mode sends every request as the client wrote it; count_tokens under --count-compressed went out cut,
+    so an agent's auto-compaction counted a history shorter than the one it was sending."""
+    _, anthropic, _, _ = upstreams
+    server = serve(upstreams, count_compressed=True, observe=True)
+    try:
+        body = json.dumps({"model": "claude", "system": "agent", "messages": anthropic_history(60, seed=8)}).encode()
+        headers = {"x-api-key": "k4", "x-claude-code-session-id": "cc-4"}
+        counted = httpx.post(server.url + "/v1/messages/count_tokens", content=body, headers=headers).json()
+        assert last(anthropic, "/v1/messages/count_tokens").raw == body and counted == {"input_tokens": len(body) // 4}
+        httpx.post(server.url + "/v1/messages", content=body, headers=headers)
+        assert last(anthropic, "/v1/messages").raw == body
+    finally:
+        server.stop()

@@ -27,10 +27,10 @@ from gemkernels.compress.blocks import parse_history  # noqa: E402
 from gemkernels.compress.config import with_overrides  # noqa: E402
 from gemkernels.compress.sessions import GEM_SESSION_HEADER as SESSION_HEADER  # noqa: E402
 from gemkernels.serve.app import ServerConfig, create_app  # noqa: E402
-from gemkernels.serve.serving import session_of  # noqa: E402
-from gemkernels.serve.upstreams import upstream_url  # noqa: E402
 from gemkernels.serve.batching import MicroBatcher, QueueFullError, SelectionBatcher  # noqa: E402
 from gemkernels.serve.client_wrap import wrap  # noqa: E402
+from gemkernels.serve.serving import session_of  # noqa: E402
+from gemkernels.serve.upstreams import upstream_url  # noqa: E402
 from gemkernels.testing.fake_upstream import HANG_S, FakeUpstream, ServerThread  # noqa: E402
 
 MESSAGES = json.loads(EXAMPLE.read_text())["messages"]

@@ -14,8 +14,8 @@ from helpers import EXAMPLE  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from gemkernels.serve.app import create_app  # noqa: E402
-from gemkernels.serve.serving import tenant_of  # noqa: E402
 from gemkernels.serve.config import ServerConfig  # noqa: E402
+from gemkernels.serve.serving import tenant_of  # noqa: E402
 
 MESSAGES = json.loads(EXAMPLE.read_text())["messages"]
 
@@ -84,7 +84,8 @@ def test_readyz_says_whether_the_upstream_answers_and_healthz_only_that_the_proc
             raise httpx.ConnectError("refused", request=request)
         return httpx.Response(404)  # any answer counts: the upstream is there
 
-    app = create_app(ServerConfig(upstream="http://upstream/v1", encoder="hash"), transport=httpx.MockTransport(upstream))
+    app = create_app(ServerConfig(upstream="http://upstream/v1", encoder="hash"),
+                     transport=httpx.MockTransport(upstream))
     with TestClient(app) as client:
         ready = client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["status"] == "ready" and ready.json()["encoder"] == "hash-256"
