@@ -135,6 +135,22 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes | Res
         chunks.append(chunk)
 
 
+class BodyStalled(Exception):
+    """A streamed request body sent no byte for its timeout."""
+
+
+async def stalls_after(stream: AsyncIterator[bytes], timeout: float) -> AsyncIterator[bytes]:
+    """``stream``'s chunks; `BodyStalled` once ``timeout`` seconds pass without one."""
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), timeout)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise BodyStalled(f"no byte of the request body came for {timeout:g} s") from None
+        yield chunk
+
+
 class Proxy:
     """The routes' work over one set of upstreams and one `Compressor` (module doc)."""
 
@@ -210,7 +226,8 @@ class Proxy:
         self.metrics.requests.labels(RELAYED, PASSTHROUGH).inc()
         kind = upstream_for(request.url.path, request.headers)
         framed = "content-length" in request.headers or "transfer-encoding" in request.headers
-        return await self.forward(request, kind, request.stream() if framed else b"")
+        body = stalls_after(request.stream(), self.config.body_timeout) if framed else b""
+        return await self.forward(request, kind, body)
 
     async def forward(self, request: Request, kind: str, content: bytes | AsyncIterator[bytes],
                       decoded_body: bool = False) -> Response:
@@ -228,6 +245,8 @@ class Proxy:
             self.metrics.upstream_errors.labels("timeout").inc()
             return error_response(504, "upstream_timeout",
                                   f"the upstream did not answer in time ({type(err).__name__})")
+        except BodyStalled as err:  # a relayed upload that stopped sending
+            return body_unread(408, "request_timeout", f"{err} (gem serve --body-timeout)")
         except httpx.InvalidURL as err:  # not an HTTPError: a URL httpx will not send (past 64 KiB, say)
             return error_response(400, "invalid_request_url", f"the request URL cannot be forwarded ({err})")
         except httpx.HTTPError as err:

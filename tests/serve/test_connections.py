@@ -195,6 +195,19 @@ def test_a_stalled_body_gets_a_408_and_the_connection_closes(proxy):
     assert f'gem_requests_total{{action="body_timeout",route="{CHAT}"}}' in metrics
 
 
+def test_a_stalled_relayed_upload_gets_a_408_too(proxy):
+    """The relay streams a body to the upstream; one that stops sending gets the same 408 after BODY_S (before,
+    it was held until the upstream's write timeout, 600 s by default)."""
+    wire = Wire(proxy.port)
+    try:
+        started = time.monotonic()
+        status, headers, body = wire.request("PUT", "/v1/files/upload", b"0123456789", declared=1000)
+        assert status == 408 and json.loads(body)["error"]["type"] == "request_timeout"
+        assert headers[b"connection"] == b"close" and BODY_S * 0.9 <= time.monotonic() - started < WAIT_S
+    finally:
+        wire.close()
+
+
 def test_a_slow_body_that_keeps_coming_is_not_cut():
     """The body timeout is one of inactivity: a body sent a byte every 0.1 s for longer than the timeout in all
     is read and forwarded (read_body on its own, in process)."""
