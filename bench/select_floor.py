@@ -4,7 +4,9 @@
 
 a. CPU backends, one session (n=512, d=1024, tau=1.0, k=16: exactly 16 steps, float32): ``gk.select``
    on numpy (and numba, where installed) against the sequential floor (16 back-to-back ``X @ v``, the
-   matrix-vector products the greedy cannot avoid) and against one GEMM ``X @ Q.T`` with 16 rows in Q.
+   matrix-vector products the greedy cannot avoid) and against one GEMM ``X @ Q.T`` with 16 rows in Q;
+   where threadpoolctl is installed, the floor and numpy again with one BLAS thread, against the floor as the
+   process runs it (its default BLAS threads).
 b. torch on the CPU, 64 sessions of 64 x 384 (tau=0.9, k=16): one ``select_batch`` against 64
    ``select`` calls; the numpy and numba backends on the same batch alongside.
 c. CUDA only: each triton path (gram, fused, stepwise) against the torch backend at S=1024,
@@ -25,6 +27,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -101,14 +104,42 @@ def cpu_backends() -> list[str]:
     return [name for name in ("numpy", "numba") if name in gk.available_backends()]
 
 
+def one_blas_thread() -> Callable[[Callable[[], object]], Callable[[], object]] | None:
+    """A wrapper that runs a function with the BLAS limited to one thread and then restores it (threadpoolctl's
+    direct call, about a microsecond either way); None without threadpoolctl or a BLAS it knows."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    blas = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+    if not blas:
+        return None
+
+    def wrap(fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            before = [lib.num_threads for lib in blas]
+            for lib in blas:
+                lib.set_num_threads(1)
+            try:
+                return fn()
+            finally:
+                for lib, threads in zip(blas, before):
+                    lib.set_num_threads(threads)
+        return run
+
+    return wrap
+
+
 def bench_numpy(rec: Recorder, repeats: int) -> None:
     case = cases.NUMPY_ONE
     n, d, b = case.n, case.d, case.k
     x = cases.numpy_sessions(case)[0]
     bytes_moved, flops = b * n * d * x.itemsize, 2 * n * d * b
+    one_thread = one_blas_thread()
     rec.section(f"a. CPU backends (numpy, and numba where installed), one session (n={n}, d={d}, {b} steps, "
                 f"float32)", f"floor: {b} passes over X = {b} x {n}*{d}*{x.itemsize} B = {bytes_moved / 1e6:.1f} MB "
-                f"moved, 2*n*d*b = {flops / 1e6:.1f} MFLOP")
+                f"moved, 2*n*d*b = {flops / 1e6:.1f} MFLOP; BLAS threads as the process has them"
+                + ("" if one_thread is None else ", and the rows marked 1 BLAS thread with one (threadpoolctl)"))
 
     def select(backend: str):
         return lambda: gk.select(x, tau=case.tau, k=case.k, backend=backend)
@@ -125,7 +156,9 @@ def bench_numpy(rec: Recorder, repeats: int) -> None:
     backends = cpu_backends()
     for name in backends:
         expect_steps([len(select(name)().indices)], b, f"{name} select")
-    t = compare({"floor": floor, "gemm": gemm} | {name: select(name) for name in backends}, repeats)
+    limited = {} if one_thread is None else {"floor": one_thread(floor), "numpy": one_thread(select("numpy"))}
+    t = compare({"floor": floor, "gemm": gemm} | {name: select(name) for name in backends}
+                | {f"{name}, 1 BLAS thread": fn for name, fn in limited.items()}, repeats)
     config = case.describe() | {"dtype": "float32"}
     rec.row(f"sequential floor ({b} x X@v)", config, t["floor"],
             bytes_moved=bytes_moved, flops=flops, gb_per_s=bytes_moved / t["floor"].median / 1e9)
@@ -135,6 +168,10 @@ def bench_numpy(rec: Recorder, repeats: int) -> None:
         rec.row(f"gk.select {name}", config | {"backend": name}, t[name],
                 {"select/floor": t[name].median / t["floor"].median,
                  "select/gemm": t[name].median / t["gemm"].median}, target="select/floor <= 1.5")
+    for name in limited:  # against the floor as the process runs it
+        timing = t[f"{name}, 1 BLAS thread"]
+        rec.row(f"{'sequential floor' if name == 'floor' else 'gk.select numpy'}, 1 BLAS thread",
+                config | {"blas_threads": 1}, timing, {"/floor": timing.median / t["floor"].median})
 
 
 # --------------------------------------------------------------------------- b. torch batch against a loop

@@ -6,8 +6,10 @@ Triton (CUDA, or Triton's CPU interpreter under ``TRITON_INTERPRET=1``), used by
 cores, upper tiles mirrored; the in-register product the on-chip greedy uses), ``greedy_resident`` (the whole
 greedy of a short session with its state in registers, Gram rows from G, from passes over X, or from G computed
 on chip), ``greedy_fused`` (the same greedy with its state in global memory, for sessions too long for
-registers), ``greedy_stepwise`` (one launch per step: pivot + MGS basis growth, then the residual update over
-per-session row tiles) and ``launch`` (the output buffers the greedy launchers share).
+registers), ``greedy_stepwise`` (one launch per step: pivot + Gram-Schmidt basis growth, then the residual update
+over per-session row tiles), ``greedy_exact`` (the sessions the resident and fused greedies hand back at a
+near-dependent pivot, selected again by explicit Gram-Schmidt) and ``launch`` (the buffers the greedy launchers
+share).
 
 numba (CPU), used by the numba backend: ``greedy_cpu`` (the numpy backend's lazy pivoted Cholesky, compiled,
 one session per call, releasing the GIL).

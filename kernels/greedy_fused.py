@@ -5,7 +5,8 @@ Pivoted partial Cholesky of each session's Gram matrix: adding pivot j computes
 directions, read BLOCK_W directions a load), then ``r -= e**2``. ``G[j, :]`` is either
 recomputed as ``X_hat x_hat_j`` (a pass over X per direction, O(n d b)) or read from a
 precomputed Gram matrix (``FROM_GRAM``, O(n b^2) after one O(n^2 d) GEMM). Accumulation is
-fp32 whatever the input dtype.
+fp32 whatever the input dtype. A session whose pivot is near-dependent (``pivot.NEAR_DEPENDENCE``) stops there
+with count -1: ``greedy_exact`` selects it again.
 """
 
 import torch
@@ -13,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .launch import greedy_outputs
-from .pivot import gram_row_chunk, pick_pivot, session_scalars, should_stop
+from .pivot import NEAR_DEPENDENCE, gram_row_chunk, pick_pivot, session_scalars, should_stop
 
 
 @triton.jit(do_not_specialize=["total_rows", "width"])
@@ -41,13 +42,16 @@ def greedy_fused_kernel(
     while running != 0:
         pivot, forced, best = pick_pivot(residuals_ptr, candidate_ptr, protected_idx_ptr + p_start, start, n, t,
                                          num_protected, BLOCK_N)
+        r_pivot = tl.load(residuals_ptr + start + pivot)
         if should_stop(forced, best, t, capacity, coverage, tau, eps):
             running = 0
+        elif r_pivot < NEAR_DEPENDENCE:  # near-dependent: greedy_exact selects this session again
+            running = 0
+            t = -1
         else:
             tl.store(indices_ptr + s.to(tl.int64) * width + t, pivot.to(tl.int64))
             tl.store(candidate_ptr + start + pivot, tl.zeros([], tl.int8))
             t += 1
-            r_pivot = tl.load(residuals_ptr + start + pivot)
             if r_pivot > eps:
                 inv_pivot = 1.0 / tl.sqrt(r_pivot)
                 residual_sum = 0.0

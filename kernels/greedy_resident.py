@@ -6,7 +6,8 @@ pivot's Gram row comes from ``SOURCE``: ``"gram"`` reads one row of a precompute
 makes one pass over the session's X, ``"chip"`` takes it from the session's whole G, computed
 by the program itself with ``tl.dot`` (tensor cores for fp16/bf16; X read once, nothing else
 from memory). Sessions must have at most ``BLOCK_N`` rows and at most ``BLOCK_W`` steps
-(`resident_fits`).
+(`resident_fits`). A session whose pivot is near-dependent (``pivot.NEAR_DEPENDENCE``) stops there with
+count -1: ``greedy_exact`` selects it again.
 """
 
 import numpy as np
@@ -16,7 +17,7 @@ import triton.language as tl
 
 from .gram import input_precision, normalised_tile
 from .launch import greedy_outputs
-from .pivot import gram_row_chunk, session_scalars, should_stop
+from .pivot import NEAR_DEPENDENCE, gram_row_chunk, session_scalars, should_stop
 
 
 @triton.jit(do_not_specialize=["width"])
@@ -52,14 +53,17 @@ def greedy_resident_kernel(
         forced = t < num_protected
         forced_i = tl.load(protected_idx_ptr + p_start + t, mask=forced, other=0)
         pivot = tl.where(forced, forced_i, tl.argmax(score, axis=0, tie_break_left=True))
+        at_pivot = rows == pivot
+        r_pivot = tl.sum(tl.where(at_pivot, residuals, 0.0), axis=0)
         if should_stop(forced, best, t, capacity, coverage, tau, eps):
             running = 0
+        elif r_pivot < NEAR_DEPENDENCE:  # near-dependent: greedy_exact selects this session again
+            running = 0
+            t = -1
         else:
             tl.store(indices_ptr + s.to(tl.int64) * width + t, pivot.to(tl.int64))
-            at_pivot = rows == pivot
             candidate = candidate & (rows != pivot)
             t += 1
-            r_pivot = tl.sum(tl.where(at_pivot, residuals, 0.0), axis=0)
             if r_pivot > eps:
                 if SOURCE == "chip":
                     g = tl.sum(tl.where(at_pivot[:, None], gram, 0.0), axis=0)

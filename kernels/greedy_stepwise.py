@@ -1,10 +1,11 @@
 """The greedy one step at a time, two launches per step over the whole ragged batch.
 
 ``pivot_direction_kernel`` (one program per session) picks the pivot and grows the
-explicit d-space basis by modified Gram-Schmidt; ``residual_update_kernel`` (one program
+explicit d-space basis by block Gram-Schmidt (twice); ``residual_update_kernel`` (one program
 per row tile of a session, from a host plan) applies ``r_i <- r_i - (q^T x_hat_i)^2``.
 Long sessions get many programs per step, which the one-program-per-session kernels cannot
-give them.
+give them. The squared norm of the pivot's orthogonal component is its exact residual: it replaces a
+near-dependent pivot's downdated one (``pivot.choose_exact``).
 """
 
 import numpy as np
@@ -12,62 +13,40 @@ import torch
 import triton
 import triton.language as tl
 
-from .pivot import pick_pivot, session_scalars, should_stop
+from .launch import session_basis
+from .pivot import choose_exact, downdate_rows, normalise, session_scalars
 
 
 @triton.jit(do_not_specialize=["width"])
 def pivot_direction_kernel(
     x_ptr, inv_norm_ptr, offsets_ptr, protected_idx_ptr, protected_offsets_ptr, candidate_ptr, tau_ptr,
-    capacity_ptr, residuals_ptr, residual_sum_ptr, basis_ptr, adding_ptr, running_ptr, directions_ptr,
+    capacity_ptr, residuals_ptr, exact_ptr, residual_sum_ptr, basis_ptr, adding_ptr, running_ptr, directions_ptr,
     indices_ptr, counts_ptr, eps, d, stride_x, width,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Session ``program_id(0)``: record its next pivot and, if independent, append its MGS direction."""
+    """Session ``program_id(0)``: record its next pivot and, if independent, append its direction to the basis;
+    ``exact_ptr`` holds each residual when last computed from its row."""
     s = tl.program_id(0)
     tl.store(adding_ptr + s, tl.zeros([], tl.int8))
     if tl.load(running_ptr + s) != 0:
         start, n, p_start, num_protected, tau, capacity = session_scalars(s, offsets_ptr, protected_offsets_ptr,
                                                                           tau_ptr, capacity_ptr)
         t = tl.load(counts_ptr + s).to(tl.int32)
-        coverage = 1.0 - tl.load(residual_sum_ptr + s) / n
-        pivot, forced, best = pick_pivot(residuals_ptr, candidate_ptr, protected_idx_ptr + p_start, start, n, t,
-                                         num_protected, BLOCK_N)
-        if should_stop(forced, best, t, capacity, coverage, tau, eps):
+        directions = tl.load(directions_ptr + s)
+        basis = basis_ptr + s.to(tl.int64) * width * d
+        pivot, stopped, r_exact, residual_sum = choose_exact(
+            x_ptr, inv_norm_ptr, residuals_ptr, exact_ptr, candidate_ptr, protected_idx_ptr + p_start, basis, start, n,
+            t, num_protected, capacity, tau, eps, tl.load(residual_sum_ptr + s), directions, d, stride_x, BLOCK_N,
+            BLOCK_D)
+        tl.store(residual_sum_ptr + s, residual_sum)
+        if stopped:
             tl.store(running_ptr + s, tl.zeros([], tl.int8))
         else:
             tl.store(indices_ptr + s.to(tl.int64) * width + t, pivot.to(tl.int64))
             tl.store(counts_ptr + s, (t + 1).to(tl.int64))
             tl.store(candidate_ptr + start + pivot, tl.zeros([], tl.int8))
-            if tl.load(residuals_ptr + start + pivot) > eps:
-                directions = tl.load(directions_ptr + s)
-                cols = tl.arange(0, BLOCK_D)
-                basis = basis_ptr + s.to(tl.int64) * width * d
-                q_ptr = basis + directions * d
-                scale = tl.load(inv_norm_ptr + start + pivot)
-                pivot_ptr = x_ptr + (start + pivot).to(tl.int64) * stride_x
-                for d0 in range(0, d, BLOCK_D):
-                    cm = d0 + cols < d
-                    v = tl.load(pivot_ptr + d0 + cols, mask=cm, other=0.0).to(tl.float32) * scale
-                    tl.store(q_ptr + d0 + cols, v, mask=cm)
-                for k in range(0, directions):
-                    dot = 0.0
-                    for d0 in range(0, d, BLOCK_D):
-                        cm = d0 + cols < d
-                        qk = tl.load(basis + k * d + d0 + cols, mask=cm, other=0.0)
-                        dot += tl.sum(qk * tl.load(q_ptr + d0 + cols, mask=cm, other=0.0), axis=0)
-                    for d0 in range(0, d, BLOCK_D):
-                        cm = d0 + cols < d
-                        qk = tl.load(basis + k * d + d0 + cols, mask=cm, other=0.0)
-                        v = tl.load(q_ptr + d0 + cols, mask=cm, other=0.0)
-                        tl.store(q_ptr + d0 + cols, v - dot * qk, mask=cm)
-                norm_sq = 0.0
-                for d0 in range(0, d, BLOCK_D):
-                    v = tl.load(q_ptr + d0 + cols, mask=d0 + cols < d, other=0.0)
-                    norm_sq += tl.sum(v * v, axis=0)
-                inv = 1.0 / tl.sqrt(norm_sq)
-                for d0 in range(0, d, BLOCK_D):
-                    cm = d0 + cols < d
-                    tl.store(q_ptr + d0 + cols, tl.load(q_ptr + d0 + cols, mask=cm, other=0.0) * inv, mask=cm)
+            if r_exact > eps:
+                normalise(basis + directions * d, r_exact, d, BLOCK_D)
                 tl.store(directions_ptr + s, directions + 1)
                 tl.store(adding_ptr + s, tl.full([], 1, tl.int8))
 
@@ -84,21 +63,9 @@ def residual_update_kernel(x_ptr, inv_norm_ptr, offsets_ptr, tile_session_ptr, t
         start = tl.load(offsets_ptr + s).to(tl.int32)
         n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
         local = tl.load(tile_start_ptr + pid) + tl.arange(0, BLOCK_N)
-        m = local < n
         q_ptr = basis_ptr + (s.to(tl.int64) * width + tl.load(directions_ptr + s) - 1) * d
-        x_rows = x_ptr + (start + local).to(tl.int64)[:, None] * stride_x
-        cols = tl.arange(0, BLOCK_D)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for d0 in range(0, d, BLOCK_D):
-            cm = d0 + cols < d
-            xt = tl.load(x_rows + d0 + cols[None, :], mask=m[:, None] & cm[None, :], other=0.0).to(tl.float32)
-            q = tl.load(q_ptr + d0 + cols, mask=cm, other=0.0)
-            acc += tl.sum(xt * q[None, :], axis=1)
-        e = acc * tl.load(inv_norm_ptr + start + local, mask=m, other=0.0)
-        r = tl.load(residuals_ptr + start + local, mask=m, other=0.0)
-        r_new = tl.maximum(r - e * e, 0.0)
-        tl.store(residuals_ptr + start + local, r_new, mask=m)
-        tl.atomic_add(residual_sum_ptr + s, tl.sum(tl.where(m, r_new - r, 0.0), axis=0))
+        tl.atomic_add(residual_sum_ptr + s, downdate_rows(x_ptr, inv_norm_ptr, residuals_ptr, start, local, local < n,
+                                                          q_ptr, d, stride_x, BLOCK_N, BLOCK_D))
 
 
 def row_tiles(lengths: np.ndarray, block_n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -124,8 +91,9 @@ def greedy_stepwise(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
     device = x.device
     tile_session, tile_start = (torch.as_tensor(a, device=device) for a in row_tiles(lengths, block_n))
     residuals = torch.ones(rows, dtype=torch.float32, device=device)
+    exact = torch.ones(rows, dtype=torch.float32, device=device)
     residual_sum = torch.as_tensor(lengths, dtype=torch.float32, device=device)
-    basis = torch.empty(sessions * max(width, 1) * d, dtype=torch.float32, device=device)
+    basis = session_basis(sessions, width, d, device)
     adding = torch.zeros(sessions, dtype=torch.int8, device=device)
     running = torch.ones(sessions, dtype=torch.int8, device=device)
     directions = torch.zeros(sessions, dtype=torch.int32, device=device)
@@ -133,7 +101,7 @@ def greedy_stepwise(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
     counts = torch.zeros(sessions, dtype=torch.int64, device=device)
     for _ in range(width):
         pivot_direction_kernel[(sessions,)](
-            x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau, capacity, residuals,
+            x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau, capacity, residuals, exact,
             residual_sum, basis, adding, running, directions, indices, counts, eps, d, x.stride(0), width,
             BLOCK_N=block_n, BLOCK_D=pivot_block_d,
         )

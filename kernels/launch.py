@@ -15,3 +15,9 @@ def greedy_outputs(sessions: int, rows: int, width: int, device: torch.device, g
     if gram is None:
         gram, gram_offsets = residuals, torch.zeros(sessions, dtype=torch.int64, device=device)
     return residuals, indices, counts, coverage, gram, gram_offsets
+
+
+def session_basis(count: int, width: int, d: int, device: torch.device) -> torch.Tensor:
+    """Uninitialised fp32 scratch for ``count`` explicit d-space bases of ``width`` rows of d (the stepwise greedy's,
+    one a session; the exact greedy's, one a program)."""
+    return torch.empty(count * max(width, 1) * d, dtype=torch.float32, device=device)

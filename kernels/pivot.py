@@ -1,14 +1,25 @@
 """Device helpers shared by the greedy kernels: read a session's scalars, choose its next pivot,
-test the stop, read the pivot's Gram row.
+test the stop, read the pivot's Gram row, and the explicit Gram-Schmidt pieces of the stepwise and exact greedies.
 
-``pick_pivot`` reads a session's state from global memory (the fused and stepwise greedies keep
+``pick_pivot`` reads a session's state from global memory (the fused, stepwise and exact greedies keep
 it there; the resident greedy holds it in registers): residuals (fp32, per row), a candidate
 flag per row (int8: eligible, not protected, not yet selected), the packed ascending protected
 indices; every greedy writes its selection row ``indices[s, :]``.
+
+A pivot whose residual is below `NEAR_DEPENDENCE` is near-dependent (DESIGN.md §1.1): the Cholesky greedies
+(resident, fused) hand its session to ``greedy_exact``; the greedies with an explicit d-space basis (stepwise,
+exact) take every residual that decides from the pivot's own row (`choose_exact`).
 """
 
+import numpy as np
 import triton
 import triton.language as tl
+
+#: gemkernels.select.backends.near_dependence(float32): 32 sqrt(machine epsilon) of fp32, the fraction of its last
+#: exact value below which a downdated residual is recomputed from its row.
+NEAR_DEPENDENCE = tl.constexpr(float(32 * np.sqrt(np.finfo(np.float32).eps)))
+#: Basis rows a Gram-Schmidt pass of `orthogonal_component` projects out at once.
+BASIS_TILE = tl.constexpr(16)
 
 
 @triton.jit
@@ -62,15 +73,121 @@ def gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, c0, d, stride
     if FROM_GRAM:
         g = tl.load(gram_ptr + pivot.to(tl.int64) * n + rows, mask=m, other=0.0)
     else:
-        cols = tl.arange(0, BLOCK_D)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        row_ptr = x_ptr + (start + rows).to(tl.int64)[:, None] * stride_x
-        pivot_ptr = x_ptr + (start + pivot).to(tl.int64) * stride_x
-        for d0 in range(0, d, BLOCK_D):
-            cm = d0 + cols < d
-            xt = tl.load(row_ptr + d0 + cols[None, :], mask=m[:, None] & cm[None, :], other=0.0).to(tl.float32)
-            xj = tl.load(pivot_ptr + d0 + cols, mask=cm, other=0.0).to(tl.float32)
-            acc += tl.sum(xt * xj[None, :], axis=1)
+        acc = row_dots(x_ptr, start, rows, m, x_ptr + (start + pivot).to(tl.int64) * stride_x, d, stride_x, BLOCK_N,
+                       BLOCK_D)
         scale = tl.load(inv_norm_ptr + start + rows, mask=m, other=0.0) * tl.load(inv_norm_ptr + start + pivot)
         g = acc * scale
     return g
+
+
+@triton.jit
+def row_dots(x_ptr, start, rows, m, v_ptr, d, stride_x, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``X[start + rows] @ v`` in fp32 for the rows where ``m`` (zeros elsewhere), X in BLOCK_N x BLOCK_D tiles;
+    ``v`` (d values) is a row of X or of a basis."""
+    cols = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row_ptr = x_ptr + (start + rows).to(tl.int64)[:, None] * stride_x
+    for d0 in range(0, d, BLOCK_D):
+        cm = d0 + cols < d
+        xt = tl.load(row_ptr + d0 + cols[None, :], mask=m[:, None] & cm[None, :], other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + d0 + cols, mask=cm, other=0.0).to(tl.float32)
+        acc += tl.sum(xt * v[None, :], axis=1)
+    return acc
+
+
+@triton.jit
+def orthogonal_component(x_ptr, inv_norm_ptr, start, row, stride_x, basis_ptr, m, d, BLOCK_D: tl.constexpr):
+    """Writes row ``row`` of the session, normalised, minus its projection on basis rows 0 .. m - 1 (block
+    Gram-Schmidt, `BASIS_TILE` directions a pass, twice: "twice is enough") to basis row ``m``; returns its squared
+    norm, the row's exact residual.
+
+    The barriers order each pass's stores before the next pass's loads, which other threads may make."""
+    cols = tl.arange(0, BLOCK_D)
+    w_ptr = basis_ptr + m * d
+    scale = tl.load(inv_norm_ptr + start + row)
+    row_ptr = x_ptr + (start + row).to(tl.int64) * stride_x
+    for d0 in range(0, d, BLOCK_D):
+        cm = d0 + cols < d
+        tl.store(w_ptr + d0 + cols, tl.load(row_ptr + d0 + cols, mask=cm, other=0.0).to(tl.float32) * scale, mask=cm)
+    tl.debug_barrier()
+    for _ in tl.static_range(2):
+        for k0 in range(0, m, BASIS_TILE):
+            ks = k0 + tl.arange(0, BASIS_TILE)
+            live = ks < m
+            c = tl.zeros([BASIS_TILE], dtype=tl.float32)  # Q[ks] w
+            for d0 in range(0, d, BLOCK_D):
+                cm = d0 + cols < d
+                q = tl.load(basis_ptr + ks[:, None] * d + d0 + cols[None, :], mask=live[:, None] & cm[None, :],
+                            other=0.0)
+                c += tl.sum(q * tl.load(w_ptr + d0 + cols, mask=cm, other=0.0)[None, :], axis=1)
+            for d0 in range(0, d, BLOCK_D):
+                cm = d0 + cols < d
+                q = tl.load(basis_ptr + ks[:, None] * d + d0 + cols[None, :], mask=live[:, None] & cm[None, :],
+                            other=0.0)
+                w = tl.load(w_ptr + d0 + cols, mask=cm, other=0.0) - tl.sum(q * c[:, None], axis=0)
+                tl.store(w_ptr + d0 + cols, w, mask=cm)
+            tl.debug_barrier()
+    norm_sq = 0.0
+    for d0 in range(0, d, BLOCK_D):
+        w = tl.load(w_ptr + d0 + cols, mask=d0 + cols < d, other=0.0)
+        norm_sq += tl.sum(w * w, axis=0)
+    return norm_sq
+
+
+@triton.jit
+def normalise(w_ptr, norm_sq, d, BLOCK_D: tl.constexpr):
+    """Scales the d values at ``w_ptr`` (squared norm ``norm_sq`` > 0) to a unit vector."""
+    cols = tl.arange(0, BLOCK_D)
+    inv = 1.0 / tl.sqrt(norm_sq)
+    for d0 in range(0, d, BLOCK_D):
+        cm = d0 + cols < d
+        tl.store(w_ptr + d0 + cols, tl.load(w_ptr + d0 + cols, mask=cm, other=0.0) * inv, mask=cm)
+    tl.debug_barrier()
+
+
+@triton.jit
+def choose_exact(x_ptr, inv_norm_ptr, residuals_ptr, exact_ptr, candidate_ptr, protected_idx_ptr, basis_ptr, start,
+                 n, t, num_protected, capacity, tau, eps, residual_sum, directions, d, stride_x,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Step ``t``'s pivot, its orthogonal component against basis rows 0 .. directions - 1 left in basis row
+    ``directions``. A near-dependent pivot's downdated residual is replaced by that component's squared norm (its
+    exact residual; ``exact_ptr`` keeps each row's last one), and a completion pick whose downdated residual had
+    lost most of it is chosen again if another candidate now leads or it is dependent. Returns (pivot, stopped,
+    the pivot's exact residual, the session's residual sum after the replacements)."""
+    choosing = t * 0 + 1
+    pivot = t * 0
+    stopped = t < 0
+    r_exact = residual_sum * 0.0
+    while choosing != 0:
+        pivot, forced, best = pick_pivot(residuals_ptr, candidate_ptr, protected_idx_ptr, start, n, t, num_protected,
+                                         BLOCK_N)
+        stopped = should_stop(forced, best, t, capacity, 1.0 - residual_sum / n, tau, eps)
+        choosing = t * 0
+        if stopped == 0:
+            r_exact = orthogonal_component(x_ptr, inv_norm_ptr, start, pivot, stride_x, basis_ptr, directions, d,
+                                           BLOCK_D)
+            r = tl.load(residuals_ptr + start + pivot)
+            if r < NEAR_DEPENDENCE:
+                stale = r < NEAR_DEPENDENCE * tl.load(exact_ptr + start + pivot)
+                tl.store(residuals_ptr + start + pivot, r_exact)
+                tl.store(exact_ptr + start + pivot, r_exact)
+                residual_sum += r_exact - r
+                tl.debug_barrier()  # the stores above before pick_pivot's loads
+                if forced == 0:
+                    moved = pick_pivot(residuals_ptr, candidate_ptr, protected_idx_ptr, start, n, t, num_protected,
+                                       BLOCK_N)[0] != pivot
+                    choosing = ((r_exact <= eps) | (stale & moved)).to(tl.int32)
+    return pivot, stopped, r_exact, residual_sum
+
+
+@triton.jit
+def downdate_rows(x_ptr, inv_norm_ptr, residuals_ptr, start, local, m, q_ptr, d, stride_x, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """``r_i <- max(r_i - (q . x_i / ||x_i||)^2, 0)`` for the session rows ``local`` where ``m`` (``q``: a unit basis
+    row); returns the change of their residual sum."""
+    e = row_dots(x_ptr, start, local, m, q_ptr, d, stride_x, BLOCK_N, BLOCK_D) * tl.load(
+        inv_norm_ptr + start + local, mask=m, other=0.0)
+    r = tl.load(residuals_ptr + start + local, mask=m, other=0.0)
+    r_new = tl.maximum(r - e * e, 0.0)
+    tl.store(residuals_ptr + start + local, r_new, mask=m)
+    return tl.sum(tl.where(m, r_new - r, 0.0), axis=0)

@@ -194,3 +194,59 @@ def test_gram_path_over_budget_runs_in_groups_with_the_same_answers(monkeypatch,
             else:  # the same kernels per session: bit for bit
                 np.testing.assert_array_equal(getattr(whole, field), getattr(grouped, field), err_msg=field)
         assert (grouped.indices[1, 2:] == -1).all() and grouped.indices.shape[1] == 9
+
+
+@pytest.mark.parametrize("path,resident", [("gram", True), ("gram", False), ("fused", True), ("fused", False)])
+def test_cholesky_greedies_hand_back_exactly_the_near_dependent_sessions(path, resident, monkeypatch,
+                                                                         triton_options):
+    """A session whose pivot is near-dependent (a protected near-duplicate; the kernels' threshold is the backends')
+    stops in the Cholesky greedy with count -1, and greedy_exact selects it again; the other sessions keep the
+    Cholesky greedy's answer."""
+    from gemkernels.kernels import greedy_exact, pivot
+
+    import gemkernels as gk
+    from gemkernels.select.backends import near_dependence, triton_backend
+
+    triton_options(triton_backend.TritonOptions(path=path, resident=resident, block_n=16, block_d=16, block_w=4))
+    handed = []
+    exact = greedy_exact.greedy_exact
+
+    def spy(*args, out, **kwargs):
+        handed.append((out[1] < 0).tolist())
+        return exact(*args, out=out, **kwargs)
+
+    monkeypatch.setattr(greedy_exact, "greedy_exact", spy)
+    assert pivot.NEAR_DEPENDENCE.value == pytest.approx(near_dependence(np.float32), rel=1e-6)
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal((n, 24)).astype(np.float32) for n in (30, 40, 17)]
+    xs[1][9] = xs[1][2] + 2e-3 * np.linalg.norm(xs[1][2]) * rng.standard_normal(24) / np.sqrt(24)
+    ps = [[1], [2, 9], []]
+    sels = gk.select_batch(xs, protected=ps, tau=0.95, k=6, backend="triton")
+    base = gk.select_batch(xs, protected=ps, tau=0.95, k=6, backend="numpy")
+    assert handed == [[False, True, False]]
+    for a, b in zip(sels, base):
+        assert a.indices.tolist() == b.indices.tolist()
+        assert a.coverage == pytest.approx(b.coverage, abs=2e-6)
+        np.testing.assert_allclose(a.residuals, b.residuals, atol=1e-5)
+
+
+def test_exact_greedy_programs_stride_over_the_sessions(monkeypatch, triton_options):
+    """Fewer exact-greedy programs than sessions: each takes every second session, with its own basis, and every
+    handed-back session still gets its own answer."""
+    from gemkernels.kernels import greedy_exact
+
+    import gemkernels as gk
+    from gemkernels.select.backends import triton_backend
+
+    triton_options(triton_backend.TritonOptions(path="fused", block_n=16, block_d=16))
+    monkeypatch.setattr(greedy_exact, "EXACT_PROGRAMS", 2)
+    rng = np.random.default_rng(8)
+    xs = [rng.standard_normal((n, 20)).astype(np.float32) for n in (21, 30, 18, 25, 40)]
+    for s in (0, 2, 3, 4):  # a protected near-duplicate: handed back
+        xs[s][5] = xs[s][1] * 2 + 1e-3 * rng.standard_normal(20).astype(np.float32)
+    ps = [[1, 5]] * 5
+    sels = gk.select_batch(xs, protected=ps, tau=0.97, k=7, backend="triton")
+    base = gk.select_batch(xs, protected=ps, tau=0.97, k=7, backend="numpy")
+    for a, b in zip(sels, base):
+        assert a.indices.tolist() == b.indices.tolist()
+        assert a.coverage == pytest.approx(b.coverage, abs=2e-6)

@@ -8,8 +8,10 @@ every backend and names the install that would bring the rest.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -64,6 +66,35 @@ def computes_in_place(values: Any) -> None:
 def compiles_nothing(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
     """`Backend.warm_up_shapes` of the backends that compile nothing ahead."""
     return []
+
+
+#: The dependency threshold never falls below this many machine epsilons of the dtype residuals are computed in
+#: (DESIGN.md §1): that close to 0 a residual is rounding, and a direction taken from it would be noise.
+EPS_FLOOR_ULPS = 8
+
+
+def dependency_threshold(eps: float, dtype: Any) -> float:
+    """The eps a backend computing residuals in ``dtype`` (numpy's float32 or float64) applies: ``eps``, but never
+    below `EPS_FLOOR_ULPS` machine epsilons of that dtype."""
+    return max(eps, EPS_FLOOR_ULPS * machine_epsilon(dtype))
+
+
+@functools.cache
+def machine_epsilon(dtype: Any) -> float:
+    """np.finfo(dtype).eps as a float, looked up once a dtype (a selection asks for it on every call)."""
+    return float(np.finfo(dtype).eps)
+
+
+#: A downdated residual is recomputed from its row below this many sqrt(machine epsilon) of its last exact value
+#: (1.1% in float32): xGEQP3's test after LAWN 176, scaled so that a pivot's residual, and the coverage that its
+#: direction adds, keep about five digits (DESIGN.md §1.1).
+NEAR_DEPENDENCE_SCALE = 32
+
+
+def near_dependence(dtype: Any) -> float:
+    """`NEAR_DEPENDENCE_SCALE` sqrt(machine epsilon) of ``dtype``: the fraction of its last exact value below which a
+    downdated residual has lost too many digits and is computed again from its row."""
+    return NEAR_DEPENDENCE_SCALE * math.sqrt(machine_epsilon(dtype))
 
 
 @dataclass(frozen=True)

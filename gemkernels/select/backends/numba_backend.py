@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from gemkernels.kernels import greedy_cpu
-from gemkernels.select.backends import PackedSelection, computes_in_place
+from gemkernels.select.backends import PackedSelection, computes_in_place, dependency_threshold, near_dependence
 from gemkernels.select.backends.numpy_backend import compute_dtype, empty_packed, inverse_norms
 from gemkernels.select.ragged import RaggedBatch
 
@@ -78,7 +78,8 @@ def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, 
     sessions = batch.num_sessions
     out = empty_packed(sessions, int(capacity.max()), values.shape[0], values.dtype)
     args = (values, inverse_norms(sq_norms, values.dtype), batch.offsets, batch.protected_rows, batch.protected_offsets,
-            batch.eligible & ~batch.protected, tau, capacity.astype(np.int64, copy=False), float(eps), *out)
+            batch.eligible & ~batch.protected, tau, capacity.astype(np.int64, copy=False),
+            dependency_threshold(eps, values.dtype), near_dependence(values.dtype), *out)
     ranges = session_ranges(batch.offsets, THREADS)
     workers = _worker_pool() if len(ranges) > 1 else None
     if workers is None:
@@ -97,7 +98,9 @@ def select_one(x: np.ndarray, sq_norms: np.ndarray, protected: np.ndarray, eligi
     order = np.empty(max(capacity, 1), dtype=np.int64)
     residuals = np.empty(x.shape[0], dtype=x.dtype)
     count, coverage = greedy_cpu.select_session(x, inverse_norms(sq_norms, x.dtype), np.flatnonzero(protected),
-                                                eligible & ~protected, tau, capacity, eps, order, residuals)
+                                                eligible & ~protected, tau, capacity,
+                                                dependency_threshold(eps, x.dtype), near_dependence(x.dtype), order,
+                                                residuals)
     return order[:count], coverage, residuals
 
 

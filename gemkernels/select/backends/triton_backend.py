@@ -6,7 +6,9 @@ Three paths give the same answers; `choose_path` picks one per batch by shape:
 (two launches per step, parallel over row tiles: few, very long sessions). ``gram`` and
 ``fused`` keep a short session's greedy state in registers (``greedy_resident``) when it fits;
 ``gram`` sessions of up to 64 rows keep their whole Gram matrix there too (one launch, X read once).
-Inputs of any float dtype are read as stored and accumulated in fp32; float64 is read as fp32.
+After a ``gram`` or ``fused`` greedy, ``greedy_exact`` selects again the sessions it handed back at a
+near-dependent pivot (DESIGN.md §1.1). Inputs of any float dtype are read as stored and accumulated in fp32;
+float64 is read as fp32, and eps never goes below fp32's floor (`dependency_threshold`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 
 from gemkernels.select.arrays import is_cuda
-from gemkernels.select.backends import PackedSelection
+from gemkernels.select.backends import PackedSelection, dependency_threshold
 from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "torch"
@@ -163,6 +165,7 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
                   capacity: np.ndarray, eps: float) -> PackedSelection:
     """Prepare the packed inputs the kernels share, run the chosen path, return packed results."""
     from gemkernels.kernels.gram import ragged_gram
+    from gemkernels.kernels.greedy_exact import greedy_exact
     from gemkernels.kernels.greedy_fused import greedy_fused
     from gemkernels.kernels.greedy_resident import greedy_resident, resident_fits
     from gemkernels.kernels.greedy_stepwise import greedy_stepwise
@@ -192,11 +195,14 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
     candidate[torch.tensor(protected_rows, device=device)] = 0  # eligible, not protected, not yet selected
     tau_t = torch.as_tensor(tau, dtype=torch.float32, device=device)
     capacity_t = torch.as_tensor(capacity.astype(np.int32), device=device)
+    eps = dependency_threshold(eps, np.float32)  # the kernels compute in fp32
     common = dict(eps=eps, width=width, block_n=options.block_n, block_d=options.block_d or STREAM_BLOCK_D)
     if path == "stepwise":
-        out = greedy_stepwise(x, inv_norm, offsets, batch.lengths, protected_idx, protected_offsets, candidate,
-                              tau_t, capacity_t, pivot_block_d=options.pivot_block_d, **common)
-    elif on_chip:
+        return PackedSelection(*greedy_stepwise(x, inv_norm, offsets, batch.lengths, protected_idx, protected_offsets,
+                                                candidate, tau_t, capacity_t, pivot_block_d=options.pivot_block_d,
+                                                **common))
+    candidate_init = candidate.clone()  # the Cholesky greedies consume theirs; greedy_exact starts again from it
+    if on_chip:
         out = greedy_resident(x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t,
                               eps=eps, width=width, lengths=batch.lengths, source="chip")
     else:
@@ -215,4 +221,6 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
                                   gram_offsets=gram_offsets, max_block_d=options.block_d)
         else:
             out = greedy_fused(*args, gram=gram, gram_offsets=gram_offsets, block_w=options.block_w, **common)
-    return PackedSelection(*out)
+    # the sessions a Cholesky greedy handed back at a near-dependent pivot, selected again by explicit Gram-Schmidt
+    return PackedSelection(*greedy_exact(x, inv_norm, offsets, protected_idx, protected_offsets, candidate_init, tau_t,
+                                         capacity_t, out=out, **common))
