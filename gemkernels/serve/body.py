@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 DECODER = json.JSONDecoder()
@@ -118,10 +118,11 @@ def in_bytes(text: str, layout: ArrayLayout) -> ArrayLayout:
                        [(to_bytes[a], to_bytes[b]) for a, b in layout.elements])
 
 
-def without_elements(raw: bytes, layout: ArrayLayout, removed: Sequence[int]) -> bytes:
+def without_elements(raw: bytes, layout: ArrayLayout, removed: Sequence[int],
+                     replaced: Mapping[int, bytes] | None = None) -> bytes:
     """``raw`` without the array elements at the indices ``removed``, each with one separator: a run of removed
-    elements goes with the separator after it, a run at the end with the separator before it. Every other byte
-    stays as it was."""
+    elements goes with the separator after it, a run at the end with the separator before it; the kept elements in
+    ``replaced`` (index -> bytes) are written as given. Every other byte stays as it was."""
     spans, n = layout.elements, len(layout.elements)
     cuts = []
     for first, last in runs(sorted(set(removed))):
@@ -131,9 +132,10 @@ def without_elements(raw: bytes, layout: ArrayLayout, removed: Sequence[int]) ->
             cuts.append((spans[first - 1][1], spans[last][1]))
         else:
             cuts.append((spans[0][0], spans[last][1]))
+    edits = sorted([(a, b, b"") for a, b in cuts] + [(*spans[i], new) for i, new in (replaced or {}).items()])
     pieces, at = [], 0
-    for a, b in cuts:
-        pieces.append(raw[at:a])
+    for a, b, new in edits:  # cuts and replacements never overlap: a cut ends or starts where an element does
+        pieces += [raw[at:a], new]
         at = b
     pieces.append(raw[at:])
     return b"".join(pieces)
@@ -176,11 +178,13 @@ def element_sizes(layout: ArrayLayout) -> list[int]:
     return sizes
 
 
-def forwarded_body(raw: bytes, layout: ArrayLayout, original: Sequence[Any], kept: Sequence[Any]) -> bytes | None:
+def forwarded_body(raw: bytes, layout: ArrayLayout, original: Sequence[Any], kept: Sequence[Any],
+                   replaced: Mapping[int, bytes] | None = None) -> bytes | None:
     """The body to forward when compression kept ``kept`` of the ``original`` elements laid out in ``raw`` as
-    ``layout``: ``raw`` with the others cut out; None when ``kept`` is not ``original`` minus some of its elements
-    or the layout does not hold one element per original (the caller then forwards ``raw``)."""
+    ``layout``: ``raw`` with the others cut out (and the kept ones in ``replaced`` rewritten); None when ``kept`` is
+    not ``original`` minus some of its elements or the layout does not hold one element per original (the caller
+    then forwards ``raw``)."""
     removed = removed_positions(original, kept)
-    if removed is None or len(layout.elements) != len(original):
+    if removed is None or len(layout.elements) != len(original) or set(replaced or ()) & set(removed):
         return None
-    return without_elements(raw, layout, removed)
+    return without_elements(raw, layout, removed, replaced)

@@ -14,9 +14,11 @@ In observe mode (``--observe``) every request goes out as the client sent it; co
 sessions carry on as if their requests had been compressed, and `gemkernels.serve.observe` records both.
 
 Headers and the query string go out as sent (bytes), except hop-by-hop headers and ``X-GEM-Session`` (and
-``Content-Encoding`` when the body goes out decoded). Responses, server-sent events included, are relayed chunk by
-chunk with the upstream's status and headers; an unreachable upstream is a 502, a timeout before its answer a 504,
-a stream it drops mid-way is cut off for the client too.
+``Content-Encoding`` when the body goes out decoded). On the Messages API, a cache breakpoint of a removed message
+moves to the nearest kept one before it (`gemkernels.serve.cache_marks`): that one message is re-serialised.
+Responses, server-sent events included, are relayed chunk by chunk with the upstream's status and headers; an
+unreachable upstream is a 502, a timeout before its answer a 504, a stream it drops mid-way is cut off for the
+client too.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gemkernels.compress.blocks import json_object
 from gemkernels.compress.gem import PASSTHROUGH
 from gemkernels.compress.sessions import GEM_SESSION_HEADER, request_session
-from gemkernels.serve.body import element_sizes, forwarded_body, parse_body
+from gemkernels.serve.body import element_sizes, forwarded_body, parse_body, removed_positions
+from gemkernels.serve.cache_marks import moved_marks
 from gemkernels.serve.compressor import Compressor
 from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.content_coding import UndecodableBody, decoded
@@ -207,7 +210,12 @@ class Proxy:
             return None
         if result is None or len(result.messages) == len(history):
             return None
-        cut = None if layout is None else forwarded_body(text, layout, history, result.messages)
+        replaced = None
+        if api.upstream == ANTHROPIC_UPSTREAM:  # a removed message's cache breakpoint moves to a kept one
+            removed = removed_positions(history, result.messages)
+            moved = {} if removed is None else moved_marks(body, history, removed)
+            replaced = {p: json.dumps(message, ensure_ascii=False).encode() for p, message in moved.items()}
+        cut = None if layout is None else forwarded_body(text, layout, history, result.messages, replaced)
         if cut is None:  # the bytes do not line up with the parsed history: send what the client sent
             logger.warning("gemkernels: could not cut the removed blocks out of the body; forwarding it unchanged")
             self.metrics.passthroughs.labels("body_layout").inc()
