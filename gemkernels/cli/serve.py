@@ -115,7 +115,12 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     variable that is not set."""
     from gemkernels.compress.config import with_overrides
 
-    with_overrides(args.preset, args.set)
+    try:
+        with_overrides(args.preset, args.set)
+    except ValueError as err:  # name where a bad item came from: a variable, the file, or --set
+        source = next((where for item, where in getattr(args, "set_sources", {}).items() if repr(item) in str(err)),
+                      None)
+        raise ValueError(f"{err} (from {source})" if source else str(err)) from None
     if args.compress_token_env and not os.environ.get(args.compress_token_env):
         raise ValueError(f"--compress-token-env names ${args.compress_token_env}, which is not set (or empty)")
     budget = None if math.isinf(args.encode_budget_ms) else max(0.0, args.encode_budget_ms) / 1000

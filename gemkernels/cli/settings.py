@@ -78,7 +78,10 @@ def resolve(args: argparse.Namespace, deferred: Deferred, command: str,
         dest = missing[0]
         raise SettingsError(f"--{dest.replace('_', '-')} is required (or {ENV_PREFIX}{dest.upper()}, or {dest} in "
                             "the --config file)")
-    out.set = compression + environment_overrides(environ) + list(args.set or [])
+    from_environment = environment_overrides(environ)
+    out.set = compression + [item for item, _ in from_environment] + list(args.set or [])
+    out.set_sources = {**{item: f"{args.config} [compression]" for item in compression},
+                       **{item: f"${variable}" for item, variable in from_environment}}
     return out
 
 
@@ -122,13 +125,11 @@ def file_overrides(path: Path, compression: dict[str, Any], command: str) -> lis
     return items
 
 
-def environment_overrides(environ: Mapping[str, str]) -> list[str]:
-    """``GEM_<FIELD>`` and ``GEM_EVIDENCE_<FIELD>`` variables as ``field=value`` override items."""
-    items = [f"{f.name}={environ[ENV_PREFIX + f.name.upper()]}" for f in fields(GEMConfig)
-             if f.name != "evidence" and ENV_PREFIX + f.name.upper() in environ]
-    items += [f"evidence.{f.name}={environ[f'{ENV_PREFIX}EVIDENCE_{f.name.upper()}']}" for f in fields(EvidenceConfig)
-              if f"{ENV_PREFIX}EVIDENCE_{f.name.upper()}" in environ]
-    return items
+def environment_overrides(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``GEM_<FIELD>`` and ``GEM_EVIDENCE_<FIELD>`` variables as (``field=value`` override item, variable)."""
+    names = [(f.name, ENV_PREFIX + f.name.upper()) for f in fields(GEMConfig) if f.name != "evidence"]
+    names += [(f"evidence.{f.name}", f"{ENV_PREFIX}EVIDENCE_{f.name.upper()}") for f in fields(EvidenceConfig)]
+    return [(f"{name}={environ[variable]}", variable) for name, variable in names if variable in environ]
 
 
 def override_text(value: Any) -> str:

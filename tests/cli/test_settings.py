@@ -83,3 +83,15 @@ def test_no_flag_and_gemconfig_field_share_an_environment_variable():
     config_fields = {f.name.upper() for f in dataclasses.fields(GEMConfig)}
     assert flags and not flags & config_fields
     assert not any(flag.startswith("EVIDENCE_") for flag in flags)
+
+
+def test_a_bad_gemconfig_value_names_the_variable_or_file_it_came_from(tmp_path):
+    with pytest.raises(ValueError, match=r"'k=abc'.*\(from \$GEM_K\)"):
+        server_config(settings(["--upstream", "http://u"], {"GEM_K": "abc"}))
+    path = tmp_path / "gem.toml"
+    path.write_text('upstream = "http://u"\n[compression]\ntau = "high"\n')
+    with pytest.raises(ValueError, match=r"tau=high.*\(from .*gem.toml \[compression\]\)"):
+        server_config(settings(["--config", str(path)]))
+    with pytest.raises(ValueError, match=r"'k=abc'") as raised:
+        server_config(settings(["--upstream", "http://u", "--set", "k=abc"]))
+    assert "(from" not in str(raised.value)  # on the command line: the item says it all
