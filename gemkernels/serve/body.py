@@ -181,10 +181,16 @@ def element_sizes(layout: ArrayLayout) -> list[int]:
 def forwarded_body(raw: bytes, layout: ArrayLayout, original: Sequence[Any], kept: Sequence[Any],
                    replaced: Mapping[int, bytes] | None = None) -> bytes | None:
     """The body to forward when compression kept ``kept`` of the ``original`` elements laid out in ``raw`` as
-    ``layout``: ``raw`` with the others cut out (and the kept ones in ``replaced`` rewritten); None when ``kept`` is
-    not ``original`` minus some of its elements or the layout does not hold one element per original (the caller
-    then forwards ``raw``)."""
-    removed = removed_positions(original, kept)
-    if removed is None or len(layout.elements) != len(original) or set(replaced or ()) & set(removed):
+    ``layout``: `cut_body` with the positions ``kept`` leaves out; None when ``kept`` is not ``original`` minus some
+    of its elements."""
+    return cut_body(raw, layout, len(original), removed_positions(original, kept), replaced)
+
+
+def cut_body(raw: bytes, layout: ArrayLayout, count: int, removed: Sequence[int] | None,
+             replaced: Mapping[int, bytes] | None = None) -> bytes | None:
+    """``raw`` with the elements at ``removed`` cut out (and the kept ones in ``replaced`` rewritten); None when
+    ``removed`` is None, the layout does not hold ``count`` elements, or an element is both cut and rewritten (the
+    caller then forwards ``raw``)."""
+    if removed is None or len(layout.elements) != count or set(replaced or ()) & set(removed):
         return None
     return without_elements(raw, layout, removed, replaced)

@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gemkernels.compress.blocks import json_object
 from gemkernels.compress.gem import PASSTHROUGH
 from gemkernels.compress.sessions import GEM_SESSION_HEADER, request_session
-from gemkernels.serve.body import element_sizes, forwarded_body, parse_body, removed_positions
+from gemkernels.serve.body import cut_body, element_sizes, parse_body, removed_positions
 from gemkernels.serve.cache_marks import moved_marks
 from gemkernels.serve.compressor import Compressor
 from gemkernels.serve.config import ServerConfig
@@ -210,12 +210,12 @@ class Proxy:
             return None
         if result is None or len(result.messages) == len(history):
             return None
+        removed = removed_positions(history, result.messages)
         replaced = None
-        if api.upstream == ANTHROPIC_UPSTREAM:  # a removed message's cache breakpoint moves to a kept one
-            removed = removed_positions(history, result.messages)
-            moved = {} if removed is None else moved_marks(body, history, removed)
-            replaced = {p: json.dumps(message, ensure_ascii=False).encode() for p, message in moved.items()}
-        cut = None if layout is None else forwarded_body(text, layout, history, result.messages, replaced)
+        if api.upstream == ANTHROPIC_UPSTREAM and removed:  # a removed message's cache breakpoint moves to a kept one
+            replaced = {p: json.dumps(message, ensure_ascii=False).encode()
+                        for p, message in moved_marks(body, history, removed).items()}
+        cut = None if layout is None else cut_body(text, layout, len(history), removed, replaced)
         if cut is None:  # the bytes do not line up with the parsed history: send what the client sent
             logger.warning("gemkernels: could not cut the removed blocks out of the body; forwarding it unchanged")
             self.metrics.passthroughs.labels("body_layout").inc()

@@ -49,3 +49,20 @@ def synthetic_responses_input(num_blocks: int, seed: int = 0) -> list[dict]:
                 items.append({"type": "message", "role": "assistant",
                               "content": [{"type": "output_text", "text": "Progress so far."}]})
     return items
+
+
+def synthetic_anthropic_history(num_blocks: int, seed: int = 0) -> list[dict]:
+    """`synthetic_history` in Anthropic Messages form: the task, then per step an assistant ``text`` +
+    ``tool_use`` turn and the user turn holding its ``tool_result`` (the system prompt goes in the body)."""
+    out: list[dict] = [{"role": "user", "content": "Fix the failing migration test in models.py"}]
+    for message in synthetic_history(num_blocks, seed)[2:]:
+        if message["role"] == "assistant":
+            call = message["tool_calls"][0]
+            out.append({"role": "assistant", "content": [
+                {"type": "text", "text": message["content"]},
+                {"type": "tool_use", "id": call["id"], "name": "bash",
+                 "input": json.loads(call["function"]["arguments"])}]})
+        else:
+            out.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": message["tool_call_id"],
+                                                     "content": message["content"]}]})
+    return out

@@ -75,17 +75,9 @@ def test_through_the_proxy_only_the_moved_to_message_is_rewritten():
 
     from gemkernels.serve.app import create_app
     from gemkernels.serve.config import ServerConfig
-    from gemkernels.testing.histories import synthetic_history
+    from gemkernels.testing.histories import synthetic_anthropic_history
 
-    history = [{"role": "user", "content": "Fix the failing migration test in models.py"}]
-    for message in synthetic_history(60, seed=31)[2:]:
-        if message["role"] == "assistant":
-            call = message["tool_calls"][0]
-            history.append({"role": "assistant", "content": [
-                text(message["content"]), {"type": "tool_use", "id": call["id"], "name": "bash", "input": {}}]})
-        else:
-            history.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": message["content"]}]})
+    history = synthetic_anthropic_history(60, seed=31)
     marked = 2 * 20  # an old tool result the client marked (a breakpoint it set long ago)
     history[marked]["content"][0]["cache_control"] = MARK
     sent: list[bytes] = []

@@ -17,7 +17,7 @@ pytest.importorskip("prometheus_client")
 from gemkernels.serve.app import create_app  # noqa: E402
 from gemkernels.serve.config import ServerConfig  # noqa: E402
 from gemkernels.testing.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
-from gemkernels.testing.histories import synthetic_history, synthetic_responses_input  # noqa: E402
+from gemkernels.testing.histories import synthetic_anthropic_history, synthetic_history, synthetic_responses_input  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -116,24 +116,9 @@ def test_compressed_request_bodies_are_read_and_sent_decoded_only_when_cut(upstr
     assert last(openai, "/v1/chat/completions").raw == broken
 
 
-def anthropic_history(blocks: int, seed: int) -> list[dict]:
-    out = [{"role": "user", "content": "Fix the failing migration test in models.py"}]
-    for message in synthetic_history(blocks, seed)[2:]:
-        if message["role"] == "assistant":
-            call = message["tool_calls"][0]
-            out.append({"role": "assistant", "content": [
-                {"type": "text", "text": message["content"]},
-                {"type": "tool_use", "id": call["id"], "name": "bash",
-                 "input": json.loads(call["function"]["arguments"])}]})
-        else:
-            out.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": message["tool_call_id"],
-                                                     "content": message["content"]}]})
-    return out
-
-
 def test_two_upstreams_on_one_port_and_count_tokens(upstreams, proxy):
     openai, anthropic, _, _ = upstreams
-    messages = anthropic_history(60, seed=7)
+    messages = synthetic_anthropic_history(60, seed=7)
     body = json.dumps({"model": "claude", "system": "You are Claude Code.", "messages": messages}).encode()
     headers = {"x-api-key": "k", "anthropic-version": "2023-06-01", "x-claude-code-session-id": "cc-1"}
     assert httpx.post(proxy + "/v1/messages", content=body, headers=headers).json()["type"] == "message"
@@ -150,7 +135,7 @@ def test_count_compressed_counts_what_would_be_forwarded_without_touching_the_se
     _, anthropic, _, _ = upstreams
     server = serve(upstreams, count_compressed=True)
     try:
-        messages = anthropic_history(60, seed=8)
+        messages = synthetic_anthropic_history(60, seed=8)
         body = json.dumps({"model": "claude", "system": "agent", "messages": messages}).encode()
         headers = {"x-api-key": "k2", "x-claude-code-session-id": "cc-2"}
         counted = httpx.post(server.url + "/v1/messages/count_tokens", content=body, headers=headers).json()
@@ -158,7 +143,7 @@ def test_count_compressed_counts_what_would_be_forwarded_without_touching_the_se
         httpx.post(server.url + "/v1/messages", content=body, headers=headers)
         real = last(anthropic, "/v1/messages").raw
         assert dry == real and counted == {"input_tokens": len(real) // 4} and len(real) < len(body)
-        grown = json.dumps({"model": "claude", "system": "agent", "messages": anthropic_history(61, seed=8)})
+        grown = json.dumps({"model": "claude", "system": "agent", "messages": synthetic_anthropic_history(61, seed=8)})
         httpx.post(server.url + "/v1/messages", content=grown, headers=headers)
         after = json.loads(last(anthropic, "/v1/messages").raw)["messages"]
         assert after[:len(json.loads(real)["messages"])] == json.loads(real)["messages"]  # the session went on
@@ -194,12 +179,13 @@ def test_a_side_request_under_the_same_session_leaves_the_main_prefix_alone(upst
         try:
             for blocks in range(40, 70, 3):
                 body = {"model": "claude", "system": "You are Claude Code.",
-                        "messages": anthropic_history(blocks, seed=9)}
+                        "messages": synthetic_anthropic_history(blocks, seed=9)}
                 httpx.post(server.url + "/v1/messages", json=body, headers=headers)
                 sent.append(last(anthropic, "/v1/messages").raw)
                 if with_side_requests:  # a title and a summary of the same conversation, under the same session id
                     for system in ("Write a 5-word title for this conversation.", "Summarise this conversation."):
-                        side = {"model": "haiku", "system": system, "messages": anthropic_history(blocks - 5, seed=9)}
+                        side = {"model": "haiku", "system": system,
+                                "messages": synthetic_anthropic_history(blocks - 5, seed=9)}
                         httpx.post(server.url + "/v1/messages", json=side, headers=headers)
         finally:
             server.stop()
@@ -234,7 +220,8 @@ def test_observe_mode_relays_count_tokens_as_sent_even_with_count_compressed(ups
     _, anthropic, _, _ = upstreams
     server = serve(upstreams, count_compressed=True, observe=True)
     try:
-        body = json.dumps({"model": "claude", "system": "agent", "messages": anthropic_history(60, seed=8)}).encode()
+        messages = synthetic_anthropic_history(60, seed=8)
+        body = json.dumps({"model": "claude", "system": "agent", "messages": messages}).encode()
         headers = {"x-api-key": "k4", "x-claude-code-session-id": "cc-4"}
         counted = httpx.post(server.url + "/v1/messages/count_tokens", content=body, headers=headers).json()
         assert last(anthropic, "/v1/messages/count_tokens").raw == body and counted == {"input_tokens": len(body) // 4}
