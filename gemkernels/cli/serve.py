@@ -8,7 +8,6 @@ be complete ``--header-timeout`` s after a connection opens or a new request sta
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import sys
@@ -46,7 +45,18 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="batching wait (default %(default)s ms)")
     p.add_argument("--max-batch", type=int, default=64, help="default %(default)s")
-    p.add_argument("--workers", type=int, default=8, help="compression threads (default %(default)s)")
+    p.add_argument("--threads", type=int, default=8, help="compression threads per worker (default %(default)s)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="server processes on the one port; more than one needs a shared --store (default "
+                        "%(default)s)")
+    p.add_argument("--store", default="memory", metavar="memory|redis://HOST:PORT/DB",
+                   help="where sessions live: this process's memory, or a Redis shared by every worker and replica "
+                        "(gemkernels[redis]; default %(default)s)")
+    p.add_argument("--store-ttl", type=seconds, default=ServerConfig.store_ttl,
+                   help="seconds a session is kept after its last request (default %(default)s)")
+    p.add_argument("--store-embeddings", choices=("float32", "float16"), default=ServerConfig.embedding_dtype,
+                   help="how the shared store keeps block embeddings: float32 exact, float16 half the memory "
+                        "(default %(default)s)")
     p.add_argument("--max-pending", type=int, default=1024,
                    help="compressions queued or running before requests go out uncompressed (default %(default)s)")
     p.add_argument("--max-sessions", type=int, default=10_000, help="default %(default)s")
@@ -95,19 +105,15 @@ def run(args: argparse.Namespace) -> int:
     except (SettingsError, ValueError) as err:
         print(f"gem serve: {err}", file=sys.stderr)
         return 2
-    if not require("serve", "serve", *encoder_extras(args.encoder)):
+    if not require("serve", "serve", *encoder_extras(args.encoder), *(() if config.store == "memory" else ("redis",))):
         return 2
-    import uvicorn
+    from gemkernels.serve.workers import Listener, serve, serve_workers
 
-    from gemkernels.serve.app import create_app
-    from gemkernels.serve.connections import uvicorn_options
-    from gemkernels.serve.redact import QueryCredentialFilter
-
-    logging.getLogger("gemkernels").setLevel(logging.INFO)
-    logging.getLogger("uvicorn.access").addFilter(QueryCredentialFilter())
-    uvicorn.run(create_app(config), host=args.host, port=args.port, timeout_graceful_shutdown=60,
-                log_level="info", **uvicorn_options(args.header_timeout, args.keep_alive_timeout))
-    return 0
+    listener = Listener(args.host, args.port, args.header_timeout, args.keep_alive_timeout)
+    if args.workers == 1:
+        serve(config, listener)
+        return 0
+    return serve_workers(config, listener, args.workers)
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -121,15 +127,25 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         source = next((where for item, where in getattr(args, "set_sources", {}).items() if repr(item) in str(err)),
                       None)
         raise ValueError(f"{err} (from {source})" if source else str(err)) from None
+    if args.workers < 1 or args.threads < 1:
+        raise ValueError("--workers and --threads must be at least 1")
+    if args.workers > 1 and args.store == "memory":
+        raise ValueError(f"--workers {args.workers} needs sessions shared by the workers: add --store "
+                         "redis://127.0.0.1:6379/0 (pip install 'gemkernels[redis]'; any Redis 6 or later)")
+    if args.workers > 1 and args.observe:
+        raise ValueError("--observe records sessions in one process: run it with --workers 1")
+    if args.store != "memory" and not args.store.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"--store takes memory or a redis://HOST:PORT/DB URL, got {args.store.split('@')[-1]!r}")
     if args.compress_token_env and not os.environ.get(args.compress_token_env):
         raise ValueError(f"--compress-token-env names ${args.compress_token_env}, which is not set (or empty)")
     budget = None if math.isinf(args.encode_budget_ms) else max(0.0, args.encode_budget_ms) / 1000
     return ServerConfig(upstream=args.upstream, preset=args.preset, overrides=tuple(args.set), encoder=args.encoder,
-                        max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, workers=args.workers,
+                        max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, threads=args.threads,
                         max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout,
                         max_body_bytes=int(args.max_body_mb * (1 << 20)),
                         max_session_bytes=int(args.max_session_mb * (1 << 20)), body_timeout=args.body_timeout,
                         compress_endpoint=args.compress_endpoint, anthropic_upstream=args.anthropic_upstream,
                         encode_budget=budget, count_compressed=args.count_compressed, observe=args.observe,
-                        report=args.report,
+                        report=args.report, store=args.store, store_ttl=args.store_ttl,
+                        embedding_dtype=args.store_embeddings,
                         compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)

@@ -18,15 +18,22 @@ from typing import Any
 
 import numpy as np
 
-from gemkernels.compress.blocks import RESPONSES, BlockStructureError, History, Span, parse_history, reconstruct
+from gemkernels.compress.blocks import RESPONSES, BlockStructureError, History, parse_history, reconstruct
 from gemkernels.compress.config import GEMConfig, resolve_config
 from gemkernels.compress.encoders import Encoder, EncodingDeferred, make_encoder
 from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
 from gemkernels.compress.guard import guarded_removals
+from gemkernels.compress.identity import block_identity, responses_identity
 from gemkernels.compress.policy import budget_reason, ceiling_drops, could_repay, repay_reason, reselection_reason
 from gemkernels.compress.representation import block_text
-from gemkernels.compress.responses_items import item_identity
-from gemkernels.compress.sessions import SessionState, SessionStore
+from gemkernels.compress.sessions import (
+    SessionConflict,
+    SessionState,
+    SessionStore,
+    StateStore,
+    StoreUnavailable,
+    goal_digest,
+)
 from gemkernels.compress.text_actions import text_action_profiles
 from gemkernels.compress.tokens import TextCache, o200k_encode, serialise
 from gemkernels.select.api import select
@@ -97,7 +104,7 @@ class GEM:
     """The compressor: evidence protection, residual completion, forwarding guard, online sessions."""
 
     def __init__(self, config: GEMConfig | str = "paper", encoder: Encoder | str = "minilm",
-                 store: SessionStore | None = None, token_counter: Callable[[str], int] | None | str = "auto",
+                 store: StateStore | None = None, token_counter: Callable[[str], int] | None | str = "auto",
                  select_fn: Callable[..., Selection] = select):
         """``select_fn`` runs the selection (`gk.select`'s signature); a server passes a cross-session batcher."""
         self.config = resolve_config(config)
@@ -133,7 +140,12 @@ class GEM:
             return self._passthrough(messages, f"{len(message_sizes)} message sizes for {len(history.messages)} "
                                      "messages", session_id, started)
         try:
-            return self._compress(history, session_id, goal, started, message_sizes, tenant, save)
+            try:
+                return self._compress(history, session_id, goal, started, message_sizes, tenant, save)
+            except SessionConflict:  # another request of the session saved first: once more, from its state
+                return self._compress(history, session_id, goal, started, message_sizes, tenant, save)
+        except (SessionConflict, StoreUnavailable) as err:  # a shared store's, expected: no traceback each
+            return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
         except Exception as err:  # the request must go out whatever happened here
             logger.exception("gemkernels: compression failed; forwarding the original request")
             return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
@@ -179,7 +191,8 @@ class GEM:
             protected["kept_tool"] = [b for b, info in enumerate(infos) if keep.intersection(info.tools)]
         seeds = sorted({b for picks in protected.values() for b in picks})
 
-        reason = reselection_reason(state, keys, goal_text, cfg)
+        goal_key = goal_digest(goal_text)
+        reason = reselection_reason(state, keys, goal_key, cfg)
         sizes = [block_tokens(info) for info in infos]
         if message_sizes is None:
             block_chars = [info.chars for info in infos]
@@ -213,7 +226,7 @@ class GEM:
 
         out = reconstruct(history, forwarded)
         if save:
-            self.store.put(store_key, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_text,
+            self.store.put(store_key, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_key,
                                                     selected_at, dict(zip(keys, infos)), sum(i.nbytes for i in infos)))
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
@@ -332,44 +345,6 @@ def block_nbytes(key: str, embedding: np.ndarray, features: BlockFeatures) -> in
     """About what one block costs a session state: its embedding, its key (in the cache, the block list and the
     forwarded set), the paths and sources of its features, and some 400 bytes of Python objects around them."""
     return embedding.nbytes + 3 * len(key) + sum(map(len, features.edited_paths + features.sources)) + 400
-
-
-def block_identity(messages: Sequence[Any], span: Span) -> str:
-    """A block's identity within a session: its tool-call ids plus a hash of what it says, so a block
-    rewritten under the same ids (an elided old output, say) counts as a new block. Prompt-cache
-    breakpoints (``cache_control``, which clients move to the newest message every turn) are not part of it."""
-    said: list[Any] = []
-    for p in span.positions:
-        message = messages[p]
-        for name in ("content", "reasoning_content", "reasoning"):
-            value = message.get(name)
-            said.append(value if value is None or isinstance(value, str) else content_identity(value))
-        for call in message.get("tool_calls") or ():
-            function = call.get("function")
-            if not isinstance(function, dict):
-                said.append(repr(function))
-                continue
-            name, arguments = function.get("name"), function.get("arguments")
-            said.append((repr(name), arguments if isinstance(arguments, str) else repr(arguments)))
-    return f"{span.key}\x1e{hash(tuple(said)):x}"
-
-
-def responses_identity(items: Sequence[Any], span: Span) -> str:
-    """`block_identity` for a Responses API ``input``: the call ids plus a hash of what the block's items say."""
-    return f"{span.key}\x1e{hash(tuple(item_identity(items[p]) for p in span.positions)):x}"
-
-
-#: Values hashed as they are in `content_identity` (anything else is hashed as its repr).
-PLAIN = (str, int, float, bool, type(None))
-
-
-def content_identity(content: Any) -> Any:
-    """A list content's parts as a hashable tuple without their ``cache_control`` (texts hashed as they are: a repr
-    of the whole list copied and escaped every text, 5 ms per request of a long Claude Code session)."""
-    if not isinstance(content, list):
-        return repr(content)
-    return tuple(tuple((k, v if isinstance(v, PLAIN) else repr(v)) for k, v in part.items() if k != "cache_control")
-                 if isinstance(part, dict) else repr(part) for part in content)
 
 
 def without_cache_marks(content: Any) -> Any:

@@ -116,10 +116,3 @@ def reasoning_text(item: dict[str, Any]) -> str:
     if not isinstance(summary, list):
         return ""
     return "\n".join(part.get("text", "") for part in summary if isinstance(part, dict))
-
-
-def item_identity(item: dict[str, Any]) -> tuple[Any, ...]:
-    """What an item says, hashable: each field in the client's order, texts and numbers as they are (a repr copies
-    and escapes a long output), nested values as their repr."""
-    return tuple((key, value if isinstance(value, (str, int, float, bool, type(None))) else repr(value))
-                 for key, value in item.items())

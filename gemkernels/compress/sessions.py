@@ -1,4 +1,6 @@
-"""Per-session memory of the online policy (DESIGN.md §3): a bounded, thread-safe LRU + TTL store."""
+"""Per-session memory of the online policy (DESIGN.md §3): the `StateStore` protocol GEM keeps sessions in, and
+`SessionStore`, the default: in this process, bounded, thread-safe, LRU + TTL (the Redis store shared by replicas
+is `gemkernels.compress.redis_store`)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass
 class SessionState:
-    """What the last request of a session looked like and what was forwarded for it."""
+    """What the last request of a session looked like and what was forwarded for it: its block identities, those
+    forwarded, a digest of its goal (`goal_digest`), its block count at the last selection, and the per-block work
+    (``block_cache``, identity -> `BlockInfo`) that this process keeps for its next request."""
 
     block_keys: tuple[str, ...]
     forwarded: frozenset[str]
@@ -23,6 +27,31 @@ class SessionState:
     blocks_at_selection: int
     block_cache: dict[str, Any] = field(default_factory=dict)
     nbytes: int = 0  # what the state holds, estimated by its writer (block embeddings and keys, mostly)
+
+
+def goal_digest(goal: str) -> str:
+    """What a state keeps of its goal: 32 hex digits of its SHA-256 (equal goals, equal digests)."""
+    return hashlib.sha256(goal.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class SessionConflict(RuntimeError):
+    """A shared store refused a ``put``: another request of the session saved its state after this one read it."""
+
+
+class StoreUnavailable(RuntimeError):
+    """A shared store could not be reached (or did not answer in time): the request goes out unchanged."""
+
+
+class StateStore(Protocol):
+    """Where GEM keeps its sessions: ``get`` the state saved under a key (None: none), ``put`` one; ``len`` counts
+    the states this process holds. A shared store may raise on ``put`` when another request of the session saved
+    in between (GEM computes that request again) or when it cannot be reached (the request goes out unchanged)."""
+
+    def get(self, session_id: str) -> SessionState | None: ...
+
+    def put(self, session_id: str, state: SessionState) -> None: ...
+
+    def __len__(self) -> int: ...
 
 
 class SessionStore:

@@ -10,14 +10,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gemkernels.compress.config import with_overrides
-from gemkernels.compress.encoders import make_encoder
+from gemkernels.compress.encoders import Encoder, make_encoder
 from gemkernels.compress.gem import GEM, PASSTHROUGH, Compressed
-from gemkernels.compress.sessions import SessionStore
+from gemkernels.compress.sessions import SessionStore, StateStore
 from gemkernels.select.api import warm_up
 from gemkernels.serve.batching import SelectionBatcher
 from gemkernels.serve.config import ServerConfig
@@ -29,11 +29,32 @@ logger = logging.getLogger("gemkernels.serve")
 LOCK_STRIPES = 64
 
 
-def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: EncodingQueue) -> GEM:
-    """GEM over the shared encoding queue, with the batched selection."""
-    return GEM(with_overrides(config.preset, config.overrides), encoder=encoder,
-               store=SessionStore(max_sessions=config.max_sessions, max_bytes=config.max_session_bytes),
+def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: EncodingQueue,
+             store: StateStore | None = None) -> GEM:
+    """GEM over the shared encoding queue, with the batched selection (default store: this process's)."""
+    if store is None:
+        store = SessionStore(max_sessions=config.max_sessions, max_bytes=config.max_session_bytes)
+    return GEM(with_overrides(config.preset, config.overrides), encoder=encoder, store=store,
                select_fn=selector.select)
+
+
+def shared_state(config: ServerConfig, encoder: Encoder) -> tuple[StateStore, Encoder, Callable[[], None]]:
+    """For a ``redis://`` store: the Redis session store, ``encoder`` behind the shared embedding cache, and what
+    closes both (`gemkernels.compress.redis_store`)."""
+    from gemkernels.compress.encoders.redis_cache import RedisEmbeddingCache
+    from gemkernels.compress.redis_store import RedisConnection, RedisSessionStore
+
+    connection = RedisConnection(config.store)
+    store = RedisSessionStore(connection, ttl_s=config.store_ttl, local_max_sessions=config.max_sessions,
+                              local_max_bytes=config.max_session_bytes)
+    shared = RedisEmbeddingCache(encoder, connection, ttl_s=max(config.store_ttl, 86400.0),
+                                 dtype=config.embedding_dtype)
+
+    def close() -> None:
+        shared.close()
+        connection.close()
+
+    return store, shared, close
 
 
 class Compressor:
@@ -45,16 +66,21 @@ class Compressor:
     the append path or unchanged (`GEM` on `EncodingDeferred`) while they finish encoding for its next call."""
 
     def __init__(self, config: ServerConfig, metrics: Metrics):
-        self.metrics, self.max_pending, self.workers = metrics, config.max_pending, config.workers
+        self.metrics, self.max_pending, self.workers = metrics, config.max_pending, config.threads
         self.encode_budget = config.encode_budget
         self.pending = 0
         self.selector = SelectionBatcher(config.max_batch, config.max_wait, config.max_pending,
                                          metrics.observe_batch, self.running)
-        self.encoder = EncodingQueue(make_encoder(config.encoder, cached=False), config.max_batch,
-                                     cache_bytes=config.encode_cache_bytes, observer=metrics.observe_batch)
-        self.gem = make_gem(config, self.selector, self.encoder)
+        model = make_encoder(config.encoder, cached=False)
+        store, self.close_store = None, None
+        if config.store != "memory":
+            store, model, self.close_store = shared_state(config, model)
+            metrics.store_round_trips.set_function(lambda: store.connection.round_trips)
+        self.encoder = EncodingQueue(model, config.max_batch, cache_bytes=config.encode_cache_bytes,
+                                     observer=metrics.observe_batch)
+        self.gem = make_gem(config, self.selector, self.encoder, store)
         metrics.sessions.set_function(lambda: len(self.gem.store))
-        self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="gem-compress")
+        self.executor = ThreadPoolExecutor(config.threads, thread_name_prefix="gem-compress")
         self.locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
 
     def running(self) -> int:
@@ -103,6 +129,8 @@ class Compressor:
         self.executor.shutdown(wait=True)
         self.selector.close()
         self.encoder.close()
+        if self.close_store is not None:
+            self.close_store()
 
 
 def warm_up_kernels(compressor: Compressor) -> None:

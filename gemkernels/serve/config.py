@@ -19,7 +19,9 @@ class ServerConfig:
     a request body with no byte for ``body_timeout`` seconds gets a 408 (`gemkernels.serve.connections`);
     ``count_compressed``: ``POST /v1/messages/count_tokens`` counts the request as it would be forwarded;
     ``observe``: forward every request as sent and record what compression would have done
-    (`gemkernels.serve.observe`), with ``report`` printing it when the server stops."""
+    (`gemkernels.serve.observe`), with ``report`` printing it when the server stops; ``store``: where sessions
+    live, ``memory`` (this process) or a ``redis://`` URL shared by replicas (`gemkernels.compress.redis_store`),
+    kept ``store_ttl`` seconds after their last request, with embeddings shared as ``embedding_dtype``."""
 
     upstream: str
     preset: str = "paper"
@@ -27,7 +29,7 @@ class ServerConfig:
     encoder: str = "minilm"
     max_wait: float = 0.002
     max_batch: int = 64
-    workers: int = 8
+    threads: int = 8
     max_pending: int = 1024
     max_sessions: int = 10_000
     max_session_bytes: int = 1 << 30
@@ -42,6 +44,9 @@ class ServerConfig:
     count_compressed: bool = False
     observe: bool = False
     report: bool = False
+    store: str = "memory"
+    store_ttl: float = 3600.0
+    embedding_dtype: str = "float32"
 
     def upstream_roots(self) -> dict[str, str]:
         """Format -> API root (`gemkernels.serve.formats`)."""

@@ -32,6 +32,8 @@ class Metrics:
                                 registry=r)
         self.sessions = Gauge("gem_sessions", "Sessions held in GEM's store", registry=r)
         self.pending = Gauge("gem_pending_compressions", "Compressions queued or running", registry=r)
+        self.store_round_trips = Gauge("gem_store_round_trips", "Round trips to the shared session store so far "
+                                       "(sessions and embeddings; 0 with the in-memory store)", registry=r)
 
     def observe_batch(self, kind: str, size: int, seconds: float) -> None:
         self.batch_size.labels(kind).observe(size)
@@ -62,4 +64,8 @@ def passthrough_reason(reason: str) -> str:
         return "encoding_deferred"
     if reason.startswith("QueueFullError"):
         return "queue_full"
+    if reason.startswith("StoreUnavailable"):
+        return "store_unavailable"
+    if reason.startswith("SessionConflict"):
+        return "session_conflict"
     return "compression_error"

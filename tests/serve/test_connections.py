@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import types
 import select
 import socket
 import time
@@ -325,7 +326,9 @@ def test_gem_serve_passes_the_timeouts_to_uvicorn(monkeypatch):
         monkeypatch.setattr(logger, "setLevel", lambda level: None)
     seen: dict = {}
     monkeypatch.setattr(gemkernels.serve.app, "create_app", lambda config: seen.update(config=config))
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(uvicorn, "Server", lambda config: types.SimpleNamespace(
+        run=lambda sockets=None: seen.update(http=config.http, timeout_keep_alive=config.timeout_keep_alive,
+                                             ws=config.ws)))
     args = build_parser().parse_args(["serve", "--upstream", "http://127.0.0.1:9", "--encoder", "hash",
                                       "--header-timeout", "2.5", "--keep-alive-timeout", "7", "--body-timeout", "4"])
     assert args.func(args) == 0

@@ -1,0 +1,106 @@
+"""``gem serve``'s processes: one server, or ``--workers N`` of them on one listening socket, supervised.
+
+Each worker is a whole proxy (its own event loop, compression threads and encoder) built from the same
+`ServerConfig`; with more than one, they share their sessions through the config's ``redis://`` store, so they
+behave like one process. The supervisor binds the socket once and hands it to every worker (the kernel spreads
+the connections), restarts a worker that dies, and on SIGINT / SIGTERM asks every worker to drain and stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gemkernels.serve.config import ServerConfig
+
+logger = logging.getLogger("gemkernels.serve")
+
+#: How long a stopping worker may drain its requests before it is killed.
+GRACEFUL_SHUTDOWN_S = 60
+
+
+@dataclass(frozen=True)
+class Listener:
+    """Where to listen, and the connection deadlines (`gemkernels.serve.connections`)."""
+
+    host: str
+    port: int
+    header_timeout: float
+    keep_alive_timeout: float
+
+
+def uvicorn_config(config: ServerConfig, listener: Listener) -> Any:
+    """The ``uvicorn.Config`` of one worker: the app, the deadlines, graceful shutdown, info logging without
+    credentials in the access log."""
+    import uvicorn
+
+    from gemkernels.serve.app import create_app
+    from gemkernels.serve.connections import uvicorn_options
+    from gemkernels.serve.redact import QueryCredentialFilter
+
+    logging.getLogger("gemkernels").setLevel(logging.INFO)
+    logging.getLogger("uvicorn.access").addFilter(QueryCredentialFilter())
+    return uvicorn.Config(create_app(config), host=listener.host, port=listener.port,
+                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, log_level="info",
+                          **uvicorn_options(listener.header_timeout, listener.keep_alive_timeout))
+
+
+def serve(config: ServerConfig, listener: Listener) -> None:
+    """Serve in this process until SIGINT / SIGTERM."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn_config(config, listener)).run()
+
+
+def worker_main(config: ServerConfig, listener: Listener, sock: socket.socket) -> None:
+    """One worker process: serve on the supervisor's socket."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn_config(config, listener)).run(sockets=[sock])
+
+
+def serve_workers(config: ServerConfig, listener: Listener, workers: int) -> int:
+    """Run ``workers`` worker processes on one socket until SIGINT / SIGTERM (module doc); the exit status."""
+    sock = socket.create_server((listener.host, listener.port), reuse_port=False, backlog=2048)
+    sock.set_inheritable(True)
+    context = multiprocessing.get_context("spawn")
+    stopping = False
+
+    def start(number: int) -> multiprocessing.process.BaseProcess:
+        process = context.Process(target=worker_main, args=(config, listener, sock), name=f"gem-serve-{number}")
+        process.start()
+        return process
+
+    def stop(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    processes = [start(i) for i in range(workers)]
+    logger.info("gem serve: %d workers on http://%s:%d", workers, listener.host, listener.port)
+    try:
+        while not stopping:
+            for i, process in enumerate(processes):
+                if not process.is_alive() and not stopping:
+                    logger.warning("gem serve: worker %d (pid %s) exited with %s; starting another", i,
+                                   process.pid, process.exitcode)
+                    processes[i] = start(i)
+            time.sleep(0.2)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()  # SIGTERM: uvicorn drains, then exits
+        deadline = time.monotonic() + GRACEFUL_SHUTDOWN_S + 5
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+        sock.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0

@@ -1,0 +1,73 @@
+"""`RedisServer`: a throwaway ``redis-server`` on a free port of 127.0.0.1, for tests and benchmarks.
+
+    with RedisServer() as server:   # RedisServerMissing when there is no redis-server binary
+        url = server.url             # redis://127.0.0.1:PORT/0
+        server.stop(); server.start()  # the same port again: a Redis outage and its return
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from types import TracebackType
+
+
+class RedisServerMissing(RuntimeError):
+    """No ``redis-server`` on PATH (Debian: apt-get install redis-server)."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A ``redis-server`` with no persistence on ``port`` (default a free one), started by `start` or ``with``."""
+
+    def __init__(self, port: int | None = None, maxmemory_mb: int = 256):
+        self.binary = shutil.which("redis-server")
+        if self.binary is None:
+            raise RedisServerMissing("no redis-server on PATH (Debian: apt-get install redis-server)")
+        self.port = port if port is not None else free_port()
+        self.maxmemory_mb = maxmemory_mb
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the server and wait until it answers PING."""
+        self.process = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--maxmemory", f"{self.maxmemory_mb}mb", "--maxmemory-policy", "volatile-lru"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.process.returncode} on port {self.port}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout} s")
+
+    def stop(self) -> None:
+        """Kill the server (no shutdown save: it has no persistence)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

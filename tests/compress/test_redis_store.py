@@ -1,0 +1,195 @@
+"""The Redis session store and shared embedding cache (`gemkernels.compress.redis_store`,
+`gemkernels.compress.encoders.redis_cache`) against a real ``redis-server`` on 127.0.0.1: GEMs sharing one
+Redis forward what one GEM forwards, concurrent saves of a session conflict and are computed again, an unreachable
+Redis forwards unchanged at once and compression resumes when it returns."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("redis")
+
+from helpers import CountingEncoder  # noqa: E402
+
+from gemkernels import GEM  # noqa: E402
+from gemkernels.compress.encoders.redis_cache import RedisEmbeddingCache  # noqa: E402
+from gemkernels.compress.gem import PASSTHROUGH  # noqa: E402
+from gemkernels.compress.redis_store import (RedisConnection, RedisSessionStore, pack_state,  # noqa: E402
+                                             unpack_state)
+from gemkernels.compress.sessions import SessionConflict, SessionState, goal_digest  # noqa: E402
+from gemkernels.testing.histories import synthetic_anthropic_history, synthetic_history  # noqa: E402
+from gemkernels.testing.redis_server import RedisServer, RedisServerMissing  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    try:
+        server = RedisServer()
+    except RedisServerMissing as err:
+        pytest.skip(str(err))
+    server.start()
+    yield server
+    server.stop()
+
+
+def store_on(server: RedisServer, **options) -> RedisSessionStore:
+    return RedisSessionStore(RedisConnection(server.url, **options))
+
+
+digests = st.binary(min_size=12, max_size=12).map(bytes.hex)
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(digests, max_size=300, unique=True), data=st.data(), at=st.integers(0, 2**31),
+       goal=st.text(max_size=50))
+def test_a_state_packs_to_its_identities_and_one_bit_each_and_back(keys, data, at, goal):
+    forwarded = frozenset(data.draw(st.lists(st.sampled_from(keys), unique=True)) if keys else [])
+    state = SessionState(tuple(keys), forwarded, goal_digest(goal), at)
+    packed = pack_state(state)
+    assert len(packed) == 4 + 8 + 16 + 12 * len(keys) + -(-len(keys) // 8)
+    assert unpack_state(packed) == (tuple(keys), forwarded, goal_digest(goal), at)
+
+
+def test_a_state_with_other_keys_packs_as_json_and_back():
+    state = SessionState(("a", "b\x1fc", "é"), frozenset({"é", "zz"}), "some goal", 3)
+    assert unpack_state(pack_state(state)) == (("a", "b\x1fc", "é"), frozenset({"é", "zz"}), "some goal", 3)
+
+
+@pytest.mark.parametrize("preset", ["paper", "cache-aware"])
+@pytest.mark.parametrize("history", [synthetic_history, synthetic_anthropic_history])
+def test_gems_sharing_one_redis_forward_what_one_gem_forwards(redis_server, preset, history):
+    """Three GEMs (three replicas: their own block caches) take a session's requests in turn; each forwards the
+    same messages as one GEM with the in-memory store."""
+    replicas = [GEM(preset, encoder="hash", store=store_on(redis_server), token_counter=None) for _ in range(3)]
+    alone = GEM(preset, encoder="hash", token_counter=None)
+    messages = history(70, seed=hash(preset) % 100)
+    session = f"{preset}-{history.__name__}"
+    actions = set()
+    ends = [end for end in range(20, len(messages) + 1) if messages[end - 1]["role"] in ("tool", "user")]
+    for i, end in enumerate(ends):
+        shared = replicas[i % 3].compress(messages[:end], session_id=session)
+        single = alone.compress(messages[:end], session_id=session)
+        assert shared.messages == single.messages, (i, shared.stats.reason, single.stats.reason)
+        assert (shared.stats.action, shared.stats.reason) == (single.stats.action, single.stats.reason)
+        actions.add(shared.stats.action)
+    assert {"reselected", "appended"} <= actions  # both paths were compared
+
+
+def test_a_session_saved_by_another_request_in_between_is_computed_again(redis_server):
+    """Two replicas read the same state; the second to save is refused (SessionConflict), and GEM computes that
+    request again from the newer state instead of overwriting it."""
+    first, second = store_on(redis_server), store_on(redis_server)
+    state = SessionState(("a" * 24,), frozenset(), goal_digest("g"), 1)
+    first.put("race", state)
+    assert first.get("race") is not None and second.get("race") is not None
+    first.put("race", state)
+    with pytest.raises(SessionConflict):
+        second.put("race", state)
+    second.get("race")
+    second.put("race", state)  # read again: saves
+
+    class Interleaving(RedisSessionStore):
+        """Another replica saves this session between this one's get and put, once."""
+
+        raced = False
+
+        def put(self, session_id, state):
+            if not self.raced:
+                self.raced = True
+                other.put(session_id, other.get(session_id) or state)
+            super().put(session_id, state)
+
+    other = store_on(redis_server)
+    store = Interleaving(RedisConnection(redis_server.url))
+    gem = GEM("paper", encoder="hash", store=store, token_counter=None)
+    messages = synthetic_history(40, seed=5)
+    out = gem.compress(messages, session_id="interleaved")
+    reference = GEM("paper", encoder="hash", token_counter=None).compress(messages, session_id="interleaved")
+    assert store.raced and out.stats.action != PASSTHROUGH and out.messages == reference.messages
+
+
+def test_concurrent_requests_of_one_session_never_interleave_their_saves(redis_server):
+    """Eight threads on four replicas compress the same session's requests at once: every save that lands was
+    computed from the state it replaced (the saved forwarded set is always one a GEM computed for that request)."""
+    replicas = [GEM("paper", encoder="hash", store=store_on(redis_server), token_counter=None) for _ in range(4)]
+    messages = synthetic_history(60, seed=8)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for end in range(40, len(messages) + 1, 2):
+                out = replicas[t % 4].compress(messages[:end], session_id="busy")
+                assert out.stats.action != PASSTHROUGH or out.stats.reason.startswith("SessionConflict")
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    saved = replicas[0].store.get("busy")
+    assert saved is not None and saved.forwarded <= set(saved.block_keys)
+
+
+def test_an_unreachable_redis_forwards_unchanged_at_once_and_compression_resumes(redis_server):
+    messages = synthetic_history(40, seed=2)
+    with RedisServer() as own:
+        gem = GEM("paper", encoder="hash", store=store_on(own, retry_s=0.2), token_counter=None)
+        assert gem.compress(messages, session_id="s").stats.action == "reselected"
+        own.stop()
+        for _ in range(3):
+            started = time.perf_counter()
+            out = gem.compress(messages, session_id="s")
+            assert out.messages is messages and out.stats.action == PASSTHROUGH
+            assert out.stats.reason.startswith("StoreUnavailable") and time.perf_counter() - started < 0.5
+        own.start()
+        time.sleep(0.3)
+        assert gem.compress(messages, session_id="s").stats.action == "reselected"  # its state went with Redis
+
+
+def test_the_store_keeps_no_session_name_in_redis_and_expires_sessions(redis_server):
+    store = RedisSessionStore(RedisConnection(redis_server.url, prefix="gem-test:"), ttl_s=0.5)
+    GEM("paper", encoder="hash", store=store, token_counter=None).compress(
+        synthetic_history(30, seed=1), session_id="secret-session-name", tenant="tenant-hash")
+    client = store.connection.client
+    keys = client.keys("gem-test:*")
+    assert len(keys) == 1 and b"secret" not in keys[0] and b"tenant" not in keys[0]
+    assert b"secret" not in client.hget(keys[0], "s")
+    assert 0 < client.pttl(keys[0]) <= 500
+    time.sleep(0.7)
+    assert client.keys("gem-test:*") == [] and store.get("tenant-hash\x1fsecret-session-name") is None
+
+
+@pytest.mark.parametrize("dtype,tolerance", [("float32", 0.0), ("float16", 1e-3)])
+def test_a_replica_never_encodes_what_another_encoded(redis_server, dtype, tolerance):
+    texts = [f"block {i} " + "x" * i for i in range(50)]
+    first = RedisEmbeddingCache(CountingEncoder(), RedisConnection(redis_server.url), dtype=dtype)
+    second_model = CountingEncoder()
+    second = RedisEmbeddingCache(second_model, RedisConnection(redis_server.url), dtype=dtype)
+    rows = first.encode(texts)
+    assert first.flush()
+    again = second.encode(texts + ["a new one"])
+    assert second_model.seen == ["a new one"]
+    np.testing.assert_allclose(again[:-1], rows, atol=tolerance, rtol=0)
+    np.testing.assert_array_equal(again[-1], CountingEncoder().encode(["a new one"])[0])
+    first.close()
+    second.close()
+
+
+def test_the_embedding_cache_encodes_here_when_redis_is_down():
+    with RedisServer() as own:
+        model = CountingEncoder()
+        cache = RedisEmbeddingCache(model, RedisConnection(own.url, retry_s=0.1))
+        own.stop()
+        rows = cache.encode(["one", "two"])
+        np.testing.assert_array_equal(rows, CountingEncoder().encode(["one", "two"]))
+        assert model.seen == ["one", "two"]
+        cache.close()
