@@ -24,7 +24,7 @@ from gemkernels.compress.redis_store import (RedisConnection, RedisSessionStore,
                                              unpack_state)
 from gemkernels.compress.sessions import SessionConflict, SessionState, goal_digest  # noqa: E402
 from gemkernels.testing.histories import synthetic_anthropic_history, synthetic_history  # noqa: E402
-from gemkernels.testing.redis_server import RedisServer, RedisServerMissing  # noqa: E402
+from gemkernels.testing.processes import RedisServer, RedisServerMissing  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""`RedisServer`: a throwaway ``redis-server`` on a free port of 127.0.0.1, for tests and benchmarks.
+"""Servers in processes of their own, for tests and benchmarks: `RedisServer`, a throwaway ``redis-server`` on a
+free port of 127.0.0.1, and `GemServeProcess`, a ``gem serve`` replica.
 
     with RedisServer() as server:   # RedisServerMissing when there is no redis-server binary
         url = server.url             # redis://127.0.0.1:PORT/0
@@ -7,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -71,3 +73,48 @@ class RedisServer:
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+class GemServeProcess:
+    """``python -m gemkernels serve ARGS --port P`` in a process of its own (its log in ``log_path``), started by
+    ``with`` and waited for until ``/healthz`` answers; `kill` is a SIGKILL, the exit a SIGTERM."""
+
+    def __init__(self, *args: str, log_path: str | None = None, timeout: float = 60.0):
+        import sys
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [sys.executable, "-m", "gemkernels", "serve", *args, "--port", str(self.port)]
+        self.log_path, self.timeout = log_path, timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> GemServeProcess:
+        import httpx
+
+        log = open(self.log_path or os.devnull, "wb")  # noqa: SIM115 - the child holds it; closed with the process
+        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gem serve exited with {self.process.returncode} (log: {self.log_path})")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"gem serve did not answer /healthz within {self.timeout} s (log: {self.log_path})")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -1,0 +1,159 @@
+"""Replicas of ``gem serve`` sharing one real ``redis-server`` (``--store redis://``), each in a process of its own,
+a client sending each session's requests round-robin across them: every forwarded body equals what one in-memory
+proxy forwards, byte for byte; a replica killed with SIGKILL mid-load costs no wrong answer; Redis stopped
+mid-load leaves every request answered, forwarded as sent, the reason in the metrics, and compression resumes
+when it returns. ``--workers 2`` behaves as one process too."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("redis")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+
+from gemkernels.serve.app import ServerConfig, create_app  # noqa: E402
+from gemkernels.testing.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
+from gemkernels.testing.histories import synthetic_history  # noqa: E402
+from gemkernels.testing.processes import GemServeProcess, RedisServer, RedisServerMissing  # noqa: E402
+
+SESSIONS = 6
+PRESET = "cache-aware"
+#: Growing prefixes ending after a tool result: 16 blocks up to 50.
+ENDS = tuple(range(34, 103, 3 * 2))
+
+
+def request_body(session: int, end: int) -> bytes:
+    messages = synthetic_history(50, seed=100 + session)[:end]
+    return json.dumps({"model": "m", "user": f"session-{session}", "messages": messages}).encode()
+
+
+def send(url: str, session: int, end: int, tenant: str = "sk-test", client: httpx.Client | None = None
+         ) -> httpx.Response:
+    """Request ``end`` of ``session`` as ``tenant`` (its credential: each test's sessions are its own)."""
+    return (client or httpx).post(url + "/v1/chat/completions", content=request_body(session, end), timeout=30,
+                                  headers={"Authorization": f"Bearer {tenant}", "Content-Type": "application/json",
+                                           "X-GEM-Session": f"s{session}"})
+
+
+def by_session(fake: FakeUpstream) -> dict[str, list[bytes]]:
+    """The forwarded bodies per session, in arrival order."""
+    out: dict[str, list[bytes]] = defaultdict(list)
+    for received in fake.received:
+        out[json.loads(received.raw)["user"]].append(received.raw)
+    return out
+
+
+def serve_args(upstream: str, store: str, *more: str, preset: str = PRESET) -> list[str]:
+    return ["--upstream", upstream + "/v1", "--encoder", "hash", "--preset", preset, "--store", store,
+            "--encode-budget-ms", "inf", *more]
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    try:
+        server = RedisServer()
+    except RedisServerMissing as err:
+        pytest.skip(str(err))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    """What one in-memory proxy forwards for every (session, request) of the schedule."""
+    fake = FakeUpstream()
+    upstream = ServerThread(fake.app())
+    proxy = ServerThread(create_app(ServerConfig(upstream=upstream.url + "/v1", encoder="hash", preset=PRESET,
+                                                 encode_budget=None)))
+    for end in ENDS:
+        for session in range(SESSIONS):
+            assert send(proxy.url, session, end).status_code == 200
+    proxy.stop()
+    upstream.stop()
+    forwarded = by_session(fake)
+    assert all(len(bodies) == len(ENDS) for bodies in forwarded.values())
+    assert any(len(body) < len(request_body(0, ENDS[-1])) for body in forwarded["session-0"])  # it compressed
+    return forwarded
+
+
+def test_three_replicas_forward_what_one_process_forwards_and_survive_a_sigkill(redis_server, single_process,
+                                                                               tmp_path):
+    fake = FakeUpstream()
+    upstream = ServerThread(fake.app())
+    replicas = [GemServeProcess(*serve_args(upstream.url, redis_server.url), log_path=str(tmp_path / f"r{i}.log"))
+                for i in range(3)]
+    for replica in replicas:
+        replica.__enter__()
+    try:
+        alive = [True, True, True]
+        sent = 0
+        for j, end in enumerate(ENDS):
+            for session in range(SESSIONS):
+                if j == len(ENDS) // 2 and session == 2:
+                    replicas[1].kill()  # mid-load; the client moves to the next replica, as a load balancer would
+                    alive[1] = False
+                target = (session + j) % 3
+                while not alive[target]:
+                    target = (target + 1) % 3
+                assert send(replicas[target].url, session, end, "sk-replicas").status_code == 200
+                sent += 1
+        forwarded = by_session(fake)
+        assert sum(map(len, forwarded.values())) == sent
+        for name, bodies in single_process.items():
+            assert forwarded[name] == bodies, name  # byte for byte, so no more prefix breaks than one process
+        metrics = httpx.get(replicas[0].url + "/metrics").text
+        trips = float(re.search(r"^gem_store_round_trips (\S+)", metrics, re.M).group(1))
+        assert trips > 0
+    finally:
+        for replica in replicas:
+            replica.__exit__(None, None, None)
+        upstream.stop()
+
+
+def test_redis_down_mid_load_forwards_as_sent_then_compression_resumes(tmp_path):
+    with RedisServer() as own:
+        fake = FakeUpstream()
+        upstream = ServerThread(fake.app())
+        with GemServeProcess(*serve_args(upstream.url, own.url, preset="paper"),  # compresses from the first
+                             log_path=str(tmp_path / "r.log")) as replica:
+            for end in ENDS[:3]:
+                assert send(replica.url, 0, end).status_code == 200
+            assert len(fake.received[-1].raw) < len(request_body(0, ENDS[2]))
+            own.stop()
+            for end in ENDS[3:5]:
+                response = send(replica.url, 0, end)
+                assert response.status_code == 200
+                assert fake.received[-1].raw == request_body(0, end)  # forwarded exactly as sent
+            metrics = httpx.get(replica.url + "/metrics").text
+            assert re.search(r'^gem_passthroughs_total\{reason="store_unavailable"\} [1-9]', metrics, re.M)
+            own.start()
+            for end in ENDS[5:]:
+                assert send(replica.url, 0, end).status_code == 200
+            assert len(fake.received[-1].raw) < len(request_body(0, ENDS[-1]))  # compressing again
+        upstream.stop()
+
+
+def test_two_workers_behave_as_one_process(redis_server, single_process, tmp_path):
+    fake = FakeUpstream()
+    upstream = ServerThread(fake.app())
+    with GemServeProcess(*serve_args(upstream.url, redis_server.url, "--workers", "2"),
+                         log_path=str(tmp_path / "w.log")) as server:
+        children = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children").read_text().split()
+        assert len(children) >= 2  # the supervisor's workers (and multiprocessing's resource tracker)
+        for end in ENDS:
+            for session in range(SESSIONS):
+                with httpx.Client() as client:  # a new connection each time: the kernel spreads them
+                    assert send(server.url, session, end, "sk-workers", client).status_code == 200
+    upstream.stop()
+    forwarded = by_session(fake)
+    for name, bodies in single_process.items():
+        assert forwarded[name] == bodies, name
