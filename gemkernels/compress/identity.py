@@ -1,6 +1,6 @@
 """Block identities that every process computes alike: a block is its tool-call ids plus a digest of what it says.
 
-Replicas of the proxy sharing one session store (DESIGN.md §5.4) compare identities computed in different
+Replicas of the proxy sharing one session store (DESIGN.md §5.1) compare identities computed in different
 processes, so they are SHA-256 digests (hardware-accelerated on current CPUs) of an unambiguous encoding of the
 block's values, never Python's ``hash()``, which is salted per process. Prompt-cache breakpoints
 (``cache_control``, which clients move to the newest message every turn) are left out at any depth.

@@ -1,4 +1,4 @@
-"""`RedisSessionStore`: GEM's sessions shared by every replica of the proxy through one Redis (DESIGN.md §5.4).
+"""`RedisSessionStore`: GEM's sessions shared by every replica of the proxy through one Redis (DESIGN.md §5.1).
 
 Redis holds what a session needs to continue, compactly: its block identities (12 bytes each), which of them were
 forwarded (one bit each), its goal digest and its block count at the last selection, under a hash of the session

@@ -1,5 +1,5 @@
 """`RedisEmbeddingCache`: block embeddings shared by every replica through Redis, content-addressed, so a replica
-never encodes a text another has encoded (DESIGN.md §5.4).
+never encodes a text another has encoded (DESIGN.md §5.1).
 
 A text's key is a hash of the encoder's name and width and the text; its value the row as float32 (exact: a
 replica that reads it selects what the one that encoded it would) or float16 (half the memory, rows within 1e-3),
