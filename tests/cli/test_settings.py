@@ -95,3 +95,19 @@ def test_a_bad_gemconfig_value_names_the_variable_or_file_it_came_from(tmp_path)
     with pytest.raises(ValueError, match=r"'k=abc'") as raised:
         server_config(settings(["--upstream", "http://u", "--set", "k=abc"]))
     assert "(from" not in str(raised.value)  # on the command line: the item says it all
+
+
+def test_workers_store_and_threads_come_from_every_source_and_workers_need_a_shared_store(tmp_path):
+    path = tmp_path / "gem.toml"
+    path.write_text('upstream = "http://file/v1"\nstore = "redis://10.0.0.5:6379/2"\nworkers = 3\nthreads = 4\n')
+    config = server_config(settings(["--config", str(path)]))
+    assert (config.store, config.threads) == ("redis://10.0.0.5:6379/2", 4)
+    assert settings(["--config", str(path)], {"GEM_WORKERS": "5"}).workers == 5
+    with pytest.raises(ValueError, match="--workers 2 needs .*--store redis://"):
+        server_config(settings(["--upstream", "http://u", "--workers", "2"]))
+    with pytest.raises(ValueError, match="--observe .* --workers 1"):
+        server_config(settings(["--upstream", "http://u", "--workers", "2", "--store", "redis://h:1/0", "--observe"]))
+    with pytest.raises(ValueError, match="memory or a redis://") as err:
+        server_config(settings(["--upstream", "http://u", "--store", "postgres://user:secret@h/db"]))
+    assert "secret" not in str(err.value)  # a URL's credentials never reach a message
+    assert server_config(settings(["--upstream", "http://u"])).store == "memory"

@@ -193,3 +193,13 @@ def test_the_embedding_cache_encodes_here_when_redis_is_down():
         np.testing.assert_array_equal(rows, CountingEncoder().encode(["one", "two"]))
         assert model.seen == ["one", "two"]
         cache.close()
+
+
+def test_a_password_in_the_store_url_never_reaches_a_reason():
+    from gemkernels.testing.processes import free_port
+
+    gem = GEM("paper", encoder="hash", store=RedisSessionStore(
+        RedisConnection(f"redis://:hunter2@127.0.0.1:{free_port()}/0")), token_counter=None)
+    out = gem.compress(synthetic_history(30, seed=1), session_id="s")
+    assert out.stats.reason.startswith("StoreUnavailable") and "127.0.0.1" in out.stats.reason
+    assert "hunter2" not in out.stats.reason
