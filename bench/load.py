@@ -2,7 +2,8 @@
 LiteLLM's proxy) against a fake upstream that answers after 500 ms, and the same load sent straight to it.
 
     python -m bench.load [PATHS ...] [--sessions 10 100 200] [--steps 16] [--delay 0.5] [--encoder hash]
-                         [--modes off cache-aware paper] [--litellm /tmp/litellm-venv/bin/litellm]
+                         [--modes off cache-aware paper cache-aware@redis] [--redis URL] [--workers N]
+                         [--litellm /tmp/litellm-venv/bin/litellm]
 
 Runs come from PATHS (default ``../shared/data/trajectories/``, read with `gemkernels.evaluate.loaders`; without it,
 ``examples/django-11276.json``). Session i replays run i mod R: its checkpoints ``--start`` to ``--start +
@@ -11,7 +12,9 @@ tagged with the session so that no block is shared, with its own ``X-GEM-Session
 connection. Session i starts i/N x ``--delay`` after the first, so that N requests are in flight at a steady
 N/delay per second (not in waves). Every target runs in its own process on 127.0.0.1: the fake upstream
 (`gemkernels.testing.fake_upstream`), one ``gem serve`` per mode (``off`` is forwarding only: ``--set
-min_blocks=1000000``, the body parsed and never compressed; the others are presets), LiteLLM (forwarding only: one
+min_blocks=1000000``, the body parsed and never compressed; the others are presets, ``PRESET@redis`` with its
+sessions in Redis, ``--redis`` or a ``redis-server`` started here, as ``gem serve --workers N`` with ``--workers``;
+the table then counts the store's round trips per request and Redis's memory per session), LiteLLM (forwarding only: one
 model routed to the upstream, no database, no master key). For each N the targets are measured one after the
 other in one run: latency (request sent to full response read) p50 / p99, added p50 / p99 (target minus direct at
 the same N), the target's CPU seconds per request (its process tree, from /proc, counted until it is idle again:
@@ -39,7 +42,7 @@ from bench.presets import DEFAULT_RUNS
 from bench.proxy_overhead import percentiles, start
 from gemkernels.evaluate.loaders import Run, checkpoints, load_run, load_runs
 from gemkernels.testing.fake_upstream import FakeUpstream, free_port
-from gemkernels.testing.processes import RedisServer
+from gemkernels.testing.processes import GemServeProcess, RedisServer
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
@@ -269,6 +272,8 @@ def main() -> None:
                         help="gem targets: off (forwarding only) or preset names; PRESET@redis keeps the sessions "
                              "in Redis (--redis)")
     parser.add_argument("--redis", help="the Redis of the @redis modes (default: a redis-server started here)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="the @redis modes run as gem serve --workers N (one process per core)")
     parser.add_argument("--litellm", help="LiteLLM's executable (e.g. /tmp/litellm-venv/bin/litellm): measure it too")
     parser.add_argument("--json", help="also write the per-phase figures here")
     args = parser.parse_args()
@@ -291,11 +296,21 @@ def main() -> None:
             mode, _, where = mode.partition("@")
             store = redis_url if where == "redis" else "memory"
             preset, overrides = ("paper", ("min_blocks=1000000",)) if mode == "off" else (mode, ())
-            proc, url = start(serve_gem, upstream, args.encoder, preset, overrides, store)
-            stops.append(proc.kill)
             name = "gem forwarding only" if mode == "off" else f"gem {mode} ({args.encoder})"
-            name += ", sessions in Redis" if where == "redis" else ""
-            targets.append((name, url, proc.pid))
+            if where == "redis" and args.workers > 1:
+                server = GemServeProcess("--upstream", upstream, "--encoder", args.encoder, "--preset", preset,
+                                         *[f"--set={item}" for item in overrides], "--store", redis_url,
+                                         "--workers", str(args.workers))
+                server.__enter__()
+                stops.append(server.kill)
+                url, pid = server.url, server.process.pid
+                name += f", sessions in Redis, {args.workers} workers"
+            else:
+                proc, url = start(serve_gem, upstream, args.encoder, preset, overrides, store)
+                stops.append(proc.kill)
+                pid = proc.pid
+                name += ", sessions in Redis" if where == "redis" else ""
+            targets.append((name, url, pid))
         if args.litellm:
             folder = Path(tempfile.mkdtemp(prefix="bench-load-"))
             litellm_proc, litellm = start_litellm(args.litellm, upstream, folder)
