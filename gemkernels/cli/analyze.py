@@ -8,9 +8,11 @@ import argparse
 from pathlib import Path
 
 from gemkernels.cli.extras import encoder_extras, require
+from gemkernels.cli.runners import add_ray_argument, open_runner
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR
 from gemkernels.evaluate.loaders import PATHS_HELP, SUBAGENTS, SUBAGENTS_HELP
+from gemkernels.evaluate.privacy import SHOW_PATHS_HELP, private_paths
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -19,6 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                               "controlled replacement", description=__doc__.splitlines()[0])
     p.add_argument("paths", nargs="+", help=PATHS_HELP)
     p.add_argument("--subagents", choices=SUBAGENTS, default="include", help=SUBAGENTS_HELP)
+    p.add_argument("--show-paths", action="store_true", help=SHOW_PATHS_HELP)
     p.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     p.add_argument("--out", default="analysis-out", help="folder for analysis.md, analysis.json and the plots")
     p.add_argument("--seed", type=int, default=0, help="seed of the control matrices")
@@ -27,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--tau", type=float, default=0.90, help="coverage target of the greedy counts")
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="embedding cache (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_ray_argument(p)
     p.set_defaults(func=run)
     return p
 
@@ -35,19 +39,23 @@ def run(args: argparse.Namespace) -> int:
     """Load, encode (cached), analyse, and write ``analysis.json``, ``analysis.md`` and the figures."""
     if not require("analyze", "replay", *encoder_extras(args.encoder)):
         return 2
-    from gemkernels.compress.encoders import make_encoder
-    from gemkernels.compress.encoders.cache import EmbeddingCache
+    runner = open_runner("analyze", args.ray)
+    if runner is None:
+        return 2
     from gemkernels.evaluate.analysis import Tolerance
     from gemkernels.evaluate.analysis_report import analyse, markdown, plot
     from gemkernels.evaluate.replay import load_long_runs, prepare, write_report
 
-    runs = load_long_runs(args.paths, args.min_blocks, "analyze", args.subagents)
+    runs = load_long_runs(args.paths, args.min_blocks, "analyze", args.subagents, args.show_paths)
     if not runs:
         return 2
-    cache = EmbeddingCache(make_encoder(args.encoder), args.cache_dir)
-    jobs = prepare(runs, cache, args.min_blocks, progress=not args.quiet)
-    summary = {"encoder": cache.name, "options": {k: v for k, v in vars(args).items() if k not in ("func", "quiet")},
-               **analyse(jobs, args.seed, args.bands, args.tau, Tolerance(), progress=not args.quiet)}
+    with runner:
+        cache = runner.embedding_cache(args.encoder, args.cache_dir)
+        jobs = prepare(runs, cache, args.min_blocks, progress=not args.quiet)
+        analysed = analyse(jobs, args.seed, args.bands, args.tau, Tolerance(), not args.quiet, runner)
+    summary = {"encoder": cache.name,
+               "options": {**{k: v for k, v in vars(args).items() if k not in ("func", "quiet", "ray")},
+                           "paths": private_paths(args.paths, args.show_paths)}, **analysed}
     write_report(Path(args.out), "analysis", summary, markdown(summary), plot)
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from gemkernels.evaluate import analysis
 from gemkernels.evaluate.analysis import CONDITIONS, DELTAS, RHO, STATS, CheckpointResult, Tolerance
 from gemkernels.evaluate.plotting import pyplot
 from gemkernels.evaluate.replay import RunJob, column_means, save, table
+from gemkernels.evaluate.runner import LocalPool, Runner, run_all
 
 LABELS = {"real": "Real", "feature_shift": "Feature-shift", "gaussian": "Gaussian",
           "effective_rank": "Effective rank", "r_rho": "r90", "r_rho_over_n": "r90/n",
@@ -89,19 +91,23 @@ def checkpoint_summary(results: dict[str, list[CheckpointResult]], tolerance: To
     }
 
 
-def analyse(jobs: Sequence[RunJob], seed: int, bands: int, tau: float, tolerance: Tolerance,
-            progress: bool) -> dict[str, object]:
-    """Spectra with controls, greedy coverage counts (whole runs) and the checkpoint analyses."""
-    from tqdm import tqdm
+def run_checkpoints(job: RunJob, bands: int, tolerance: Tolerance) -> list[CheckpointResult]:
+    """`analysis.analyse_checkpoint` at each checkpoint of one run, in order."""
+    chars = np.array([len(block_text(b, sys.maxsize)) for b in job.blocks], dtype=np.float64)
+    return [analysis.analyse_checkpoint(job.embeddings[:t], job.actions[c], chars[:t], bands, tolerance)
+            for c, t in enumerate(job.checkpoints)]
 
+
+def analyse(jobs: Sequence[RunJob], seed: int, bands: int, tau: float, tolerance: Tolerance,
+            progress: bool, runner: Runner = LocalPool()) -> dict[str, object]:
+    """Spectra with controls and greedy coverage counts (whole runs, here), and the checkpoint analyses of each run
+    on ``runner`` (default: in this process)."""
     names = [job.name for job in jobs]
     matrices = [np.asarray(job.embeddings, dtype=np.float64) for job in jobs]
     lengths = np.array([len(x) for x in matrices])
-    checkpoints: dict[str, list[CheckpointResult]] = {}
-    for job in tqdm(jobs, desc="checkpoints", unit="run", disable=not progress):
-        chars = np.array([len(block_text(b, sys.maxsize)) for b in job.blocks], dtype=np.float64)
-        checkpoints[job.name] = [analysis.analyse_checkpoint(job.embeddings[:t], job.actions[c], chars[:t], bands,
-                                                             tolerance) for c, t in enumerate(job.checkpoints)]
+    per_run = run_all(runner, partial(run_checkpoints, bands=bands, tolerance=tolerance), jobs, progress,
+                      "checkpoints")
+    checkpoints = dict(zip(names, per_run))
     return {"runs": len(jobs), "blocks": int(lengths.sum()),
             "spectral": spectral_summary(names, analysis.spectral_comparison(matrices, seed), seed),
             "coverage": coverage_summary(names, analysis.greedy_counts(matrices, tau), lengths, tau),

@@ -1,6 +1,7 @@
 """Online cost replay: every model call of every recorded run, under each forwarding policy.
 
-At each recorded model call of a run (`Run.calls`; the request is the history before it) every
+At each recorded model call of a run (`Run.calls`; the request is the history before it, from the agent's own
+latest compaction on, `Run.request`, so that a compaction is a rewrite of every policy) every
 policy of `online_policies` forwards its request; `costs` counts its o200k input tokens,
 the part a provider's prompt cache would serve (common prefix with the same policy's
 previous request), and the embedding tokens the policy caused. Totals per run and pooled
@@ -18,7 +19,7 @@ better or worse.
 
     gem online PATH... [--policies full,masking,window,gem-paper,...] [--price-cached 0.1] [--price-uncached 1]
         [--window 10] [--mask-after 5] [--amortized-budget 40 --amortized-keep 20] [--encoder minilm|hash]
-        [--evidence-policies amortized,gem-cache-aware] [--long-runs 40,60] [--out DIR] [--workers N]
+        [--evidence-policies amortized,gem-cache-aware] [--long-runs 40,60] [--out DIR] [--workers N | --ray [ADDRESS]]
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ import itertools
 import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import cache, partial
 from pathlib import Path
@@ -45,6 +44,7 @@ from gemkernels.evaluate.online_policies import PolicyOptions, policy_builder, p
 from gemkernels.evaluate.plotting import pyplot
 from gemkernels.evaluate.replay import action_text, save
 from gemkernels.evaluate.retention import action_references, block_words, nearest, referenced_blocks, retained_fraction
+from gemkernels.evaluate.runner import LocalPool, Runner, run_all
 
 BASELINE = "full"
 DEFAULT_POLICIES = ("full", "masking", "window", "amortized", "gem-paper", "gem-balanced", "gem-core",
@@ -111,10 +111,11 @@ def group_order(groups: Iterable[str]) -> list[str]:
 
 
 @cache
-def shared_encoder(name: str) -> Encoder:
-    """One encoder per name and process, so each distinct block text is embedded once for all presets and runs;
-    a model encoder (not ``hash``) also reads and fills the on-disk cache of `gem replay` (``DEFAULT_CACHE_DIR``)."""
-    encoder = make_encoder(name)
+def shared_encoder(name: str, make: Callable[[str], Encoder] = make_encoder) -> Encoder:
+    """One encoder per name, builder and process, so each distinct block text is embedded once for all presets and
+    runs; ``make`` builds it (`Runner.encoder`: in this process, or a client of Ray actors); a model encoder (not
+    ``hash``) also reads and fills the on-disk cache of `gem replay` (``DEFAULT_CACHE_DIR``)."""
+    encoder = make(name)
     return encoder if is_hash_encoder(name) else EmbeddingCache(encoder, DEFAULT_CACHE_DIR)
 
 
@@ -134,7 +135,7 @@ def replay_run(run: Run, policies: Sequence[str], options: PolicyOptions,
     found: dict[str, list[RewriteEvidence]] = {name: [] for name in measured}
     whole = parse_history(run.messages) if measured else None
     for call, position in enumerate(c.position for c in run.calls):
-        request = run.messages[:position]
+        request = run.request(position)  # after the agent's own compaction, what it sent then: a rewrite
         for name, policy in live.items():
             forwarded = policy(request)
             current = tokens.request(forwarded.messages)
@@ -142,7 +143,7 @@ def replay_run(run: Run, policies: Sequence[str], options: PolicyOptions,
             cost = call_cost(previous[name], current, embedding)
             calls[name].append(cost)
             previous[name] = current
-            if name in found and cost.prefix_broken:
+            if name in found and cost.prefix_broken and len(request) == position:
                 rewrite = rewrite_evidence(call, whole, request, forwarded.messages, tokens, encoder(options.encoder))
                 if rewrite is not None:
                     found[name].append(rewrite)
@@ -209,37 +210,28 @@ def check_policies(names: Iterable[str]) -> None:
 
 
 def replay_or_error(run: Run, policies: Sequence[str], options: PolicyOptions,
-                    evidence: Sequence[str] = EVIDENCE_POLICIES) -> RunReplay | tuple[str, str]:
+                    evidence: Sequence[str] = EVIDENCE_POLICIES,
+                    encoder: Callable[[str], Encoder] = shared_encoder) -> RunReplay | tuple[str, str]:
     """`replay_run`, or (run name, error) so that one failing run does not stop the others."""
     try:
-        return replay_run(run, policies, options, evidence=evidence)
+        return replay_run(run, policies, options, encoder, evidence=evidence)
     except Exception as err:  # reported with the run's name instead of ending the whole replay
         return run.name, f"{type(err).__name__}: {err}"
 
 
-def replay_runs(runs: Sequence[Run], policies: Sequence[str], options: PolicyOptions, workers: int = 1,
-                progress: bool = True, evidence: Sequence[str] = EVIDENCE_POLICIES
+def replay_runs(runs: Sequence[Run], policies: Sequence[str], options: PolicyOptions,
+                runner: Runner = LocalPool(), progress: bool = True, evidence: Sequence[str] = EVIDENCE_POLICIES
                 ) -> tuple[list[RunReplay], list[tuple[str, str]]]:
-    """Every run replayed, in input order (``workers`` > 1: in that many processes); failures as (name, error)."""
+    """Every run replayed on ``runner`` (default: in this process), in input order, with the encoders it builds
+    (`shared_encoder`); failures as (name, error)."""
     check_policies(policies)
-    job = partial(replay_or_error, policies=policies, options=options, evidence=evidence)
+    job = partial(replay_or_error, policies=policies, options=options, evidence=evidence,
+                  encoder=partial(shared_encoder, make=runner.encoder))
     replays: list[RunReplay] = []
     errors: list[tuple[str, str]] = []
-    with ProcessPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
-        for result in with_progress((pool.map if pool else map)(job, runs), len(runs), progress):
-            (replays if isinstance(result, RunReplay) else errors).append(result)
+    for result in run_all(runner, job, runs, progress):
+        (replays if isinstance(result, RunReplay) else errors).append(result)
     return replays, errors
-
-
-def with_progress(items: Iterable[Any], total: int, enabled: bool) -> Iterable[Any]:
-    """A tqdm bar over runs on a terminal when tqdm is installed; the items unchanged otherwise."""
-    if enabled:
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            return items
-        return tqdm(items, total=total, unit="run", disable=None)
-    return items
 
 
 def pooled(replays: Iterable[RunReplay], long_runs: Sequence[int] = ()) -> dict[str, dict[str, Totals]]:

@@ -15,9 +15,8 @@ import sys
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,9 @@ from gemkernels.compress.evidence import block_features
 from gemkernels.compress.representation import MAX_CHARS, block_text
 from gemkernels.evaluate.loaders import Run, final_block, load_runs, skipped_lines
 from gemkernels.evaluate.plotting import pyplot
+from gemkernels.evaluate.privacy import private_errors, private_runs
 from gemkernels.evaluate.retention import METRICS, Targets, action_references, block_words, referenced_blocks
+from gemkernels.evaluate.runner import Runner, run_all
 from gemkernels.evaluate.selectors import LABELS, SELECTORS, View, natural_budget
 
 DEFAULT_KS = tuple(range(8, 21))
@@ -121,17 +122,9 @@ def replay_run(job: RunJob, plan: Plan) -> tuple[str, list[Row]]:
     return job.name, rows
 
 
-def replay(jobs: Sequence[RunJob], plan: Plan, workers: int, progress: bool) -> dict[str, list[Row]]:
-    """Rows per run name (sorted), runs replayed in ``workers`` processes (1: in this process)."""
-    from tqdm import tqdm
-
-    with ExitStack() as stack:
-        if workers > 1:
-            pool = stack.enter_context(ProcessPoolExecutor(max_workers=workers))
-            outcomes = (f.result() for f in as_completed([pool.submit(replay_run, job, plan) for job in jobs]))
-        else:
-            outcomes = (replay_run(job, plan) for job in jobs)
-        results = dict(tqdm(outcomes, total=len(jobs), desc="replaying runs", unit="run", disable=not progress))
+def replay(jobs: Sequence[RunJob], plan: Plan, runner: Runner, progress: bool) -> dict[str, list[Row]]:
+    """Rows per run name (sorted), runs replayed on ``runner`` (`LocalPool`: this machine; `RayPool`: a cluster)."""
+    results = dict(run_all(runner, partial(replay_run, plan=plan), jobs, progress, "replaying runs"))
     return {name: results[name] for name in sorted(results)}
 
 
@@ -355,11 +348,13 @@ def report_reading(command: str, runs: Sequence[Run], errors: Sequence[tuple[str
         print(f"gem {command}: {path}: skipped {lines} unreadable line{'s' * (lines != 1)}", file=sys.stderr)
 
 
-def load_long_runs(paths: Sequence[str], min_blocks: int, command: str, subagents: str = "include") -> list[Run]:
-    """The runs with more than ``min_blocks`` blocks (sub-agents' per ``subagents``, `load_runs`); bad files and an
-    empty result are reported on stderr."""
+def load_long_runs(paths: Sequence[str], min_blocks: int, command: str, subagents: str = "include",
+                   show_paths: bool = False) -> list[Run]:
+    """The runs with more than ``min_blocks`` blocks (sub-agents' per ``subagents``, `load_runs`), named by their
+    pseudonyms unless ``show_paths`` (`privacy`); bad files and an empty result are reported on stderr."""
     runs, errors = load_runs(paths, subagents)
-    report_reading(command, runs, errors)
+    runs = private_runs(runs, show_paths)
+    report_reading(command, runs, private_errors(errors, show_paths))
     runs = [r for r in runs if len(parse_history(r.messages).spans) > min_blocks]
     if not runs:
         print(f"gem {command}: no run has more than {min_blocks} blocks", file=sys.stderr)

@@ -415,7 +415,7 @@ def test_gem_online_reads_log_trees(tmp_path, capsys):
     needs_extra("replay")
     out = tmp_path / "out"
     assert command(online_cli, ["online", *LOG_TREES, "--encoder", "hash", "--policies", "window,gem-cache-aware",
-                                "--window", "2", "--out", str(out)]) == 0
+                                "--window", "2", "--out", str(out), "--show-paths"]) == 0
     err = capsys.readouterr().err
     assert "skipped 2 unreadable lines" in err and "skipped 1 unreadable line" in err
     data = json.loads((out / "online.json").read_text())
@@ -429,7 +429,8 @@ def test_gem_replay_reads_log_trees(tmp_path):
     needs_extra("replay")
     out = tmp_path / "out"
     assert command(replay_cli, ["replay", *LOG_TREES, "--encoder", "hash", "--k", "2", "--min-blocks", "2",
-                                "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet"]) == 0
+                                "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet",
+                                "--show-paths"]) == 0
     summary = json.loads((out / "replay.json").read_text())
     # the Claude Code session (4 blocks, then its final call) and the Codex rollout (likewise): K = 2 < t = 3, 4
     assert summary["runs"] == 2 and summary["checkpoints"] == 4

@@ -14,6 +14,7 @@ from gemkernels.compress.encoders.cache import EmbeddingCache
 from gemkernels.compress.representation import block_text
 from gemkernels.evaluate.loaders import final_block, load_runs
 from gemkernels.evaluate.replay import Plan, action_text, prepare, replay
+from gemkernels.evaluate.runner import LocalPool
 
 
 def test_cache_encodes_each_text_once_across_instances(tmp_path):
@@ -64,11 +65,10 @@ def test_checkpoints_hold_the_history_before_the_next_action(jobs):
 
 
 def test_replay_is_deterministic_for_a_seed(jobs):
-    pytest.importorskip("tqdm")  # replay draws its progress with tqdm
     _, prepared = jobs
     plan = Plan(("gem", "random", "random_completion"), (1, 2), (0.9,), 2, seed=3)
-    first, second = replay(prepared, plan, 1, False), replay(prepared, plan, 2, False)
-    other = replay(prepared, Plan(plan.selectors, plan.ks, plan.taus, plan.k, seed=4), 1, False)
+    first, second = replay(prepared, plan, LocalPool(1), False), replay(prepared, plan, LocalPool(2), False)
+    other = replay(prepared, Plan(plan.selectors, plan.ks, plan.taus, plan.k, seed=4), LocalPool(1), False)
     assert flat(first) == flat(second) and flat(first) != flat(other)
 
 
@@ -88,10 +88,10 @@ def test_replay_command_writes_tables_json_and_plots(tmp_path, capsys):
     assert args.func(args) == 0
     assert sorted(p.name for p in out.iterdir()) == ["k_sweep.png", "replay.json", "replay.md", "tau_sweep.png"]
     summary = json.loads((out / "replay.json").read_text())
-    assert summary["runs"] == 12 and set(summary["same_k"]["selectors"]) == set(args.selectors)
+    assert summary["runs"] == 14 and set(summary["same_k"]["selectors"]) == set(args.selectors)
     gem = summary["same_k"]["selectors"]["gem"]
-    assert gem["checkpoints"] == 8 and 0 <= gem["pooled"]["top3"] <= 1  # t = 3 in five runs, t = 4 in three
-    assert summary["k_sweep"]["selectors"]["recent"]["3"]["checkpoints"] == 3  # only t = 4 exceeds every K
+    assert gem["checkpoints"] == 11 and 0 <= gem["pooled"]["top3"] <= 1  # t = 3 in seven runs, t = 4 in four
+    assert summary["k_sweep"]["selectors"]["recent"]["3"]["checkpoints"] == 4  # only t = 4 exceeds every K
     assert set(summary["tau_sweep"]["variants"]) == {"gem", "gem_uncapped"}
     report = (out / "replay.md").read_text()
     for heading in ("Selectors at the same retained count K=2", "Exact retained-count sweep",

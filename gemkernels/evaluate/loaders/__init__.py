@@ -1,22 +1,23 @@
 """Recorded agent runs in the agents' own formats, read into one run model (`Run`), for replay and evaluation.
 
-A format is recognised by its structure, never by a version string, so an unknown version of a known format is read
-when its structure matches; a file that fits no format is refused with the list of formats there are readers for.
-One module per format: `claude_code` (Claude Code transcripts), `codex` (Codex CLI rollouts), `mini_swe_agent`
-(text actions and native tool calls), `swe_agent` (every ``.traj`` form), `chat` (plain OpenAI chat, Anthropic
-Messages and Responses item lists, ``[timestamp, message]`` pairs, tau-bench). Unreadable JSON lines are skipped and
-counted (``Run.skipped``); every returned run parses with `parse_history` (`settle`: each call paired with its
-result or explicitly unanswered; a run ending on a call without a result ends there, that call ``Run.final``).
+A format is recognised by its structure, never by a version string, so an unknown version of a known format is read when
+its structure matches; a file that fits no format is refused with the list of formats there are readers for. One module
+per format: `claude_code` (Claude Code transcripts), `codex` (Codex CLI rollouts), `openhands` and `openhands_sdk`,
+`mini_swe_agent` (text actions and native tool calls), `swe_agent` (every ``.traj`` form), `aider` (markdown chat
+histories), `gemini_cli` (chats and checkpoints), `cline` (task folders), `chat` (plain OpenAI chat, Anthropic Messages
+and Responses item lists, ``[timestamp, message]`` pairs, tau-bench). Unreadable JSON lines are skipped and counted
+(``Run.skipped``); every returned run parses with `parse_history` (`settle`: each call paired with its result or
+explicitly unanswered; a run ending on a call without a result ends there, that call ``Run.final``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gemkernels.evaluate.loaders.files import RUN_SUFFIXES, expand_paths, read_document, run_stem
+from gemkernels.evaluate.loaders.files import RUN_SUFFIXES, expand_paths, read_document, run_stem, source_of
 from gemkernels.evaluate.loaders.mini_swe_agent import BASH_BLOCK
 from gemkernels.evaluate.loaders.model import (
     Call,
@@ -54,22 +55,25 @@ def load_run(path: str | os.PathLike[str]) -> Run:
 
 
 def read_runs(path: str | os.PathLike[str]) -> list[Run]:
-    """Every run in one file (a tau-bench file or a Claude Code session with sub-agents holds several), each
-    validated with `parse_history`, sub-agents linked to their calls (`link_runs`)."""
-    path = Path(path)
+    """Every run in one file (a tau-bench file, a Claude Code session with sub-agents or an Aider history holds
+    several; a Cline task's history is read with its folder), each validated with `parse_history`, sub-agents linked
+    to their calls (`link_runs`)."""
+    path = source_of(Path(path))
     document = read_document(path)
     return link_runs([build(draft, str(path), document.skipped) for draft in convert(document.data, run_stem(path))])
 
 
-def load_runs(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], subagents: str = "include"
+def load_runs(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], subagents: str = "include",
+              progress: Callable[[list[Path]], Iterable[Path]] | None = None
               ) -> tuple[list[Run], list[tuple[str, str]]]:
-    """Runs from files, directories (recursive: *.json, *.jsonl, *.traj) and globs, sub-agents linked across files
-    (``subagents``: ``include`` them, ``exclude`` them, or keep ``only`` them); bad inputs as (path, error)."""
+    """Runs from files, directories (recursive: *.json, *.jsonl, *.traj, Aider histories) and globs, sub-agents
+    linked across files (``subagents``: ``include`` them, ``exclude`` them, or keep ``only`` them); bad inputs as
+    (path, error). ``progress`` wraps the list of files as they are read (a progress bar)."""
     if subagents not in SUBAGENTS:
         raise ValueError(f"subagents must be one of {', '.join(SUBAGENTS)}, got {subagents!r}")
     runs: list[Run] = []
     files, errors = expand_paths(paths)
-    for file in files:
+    for file in progress(files) if progress else files:
         try:
             runs.extend(read_runs(file))
         except Exception as err:  # one bad file must not stop the others; it is reported instead

@@ -3,7 +3,8 @@
 Claude Code writes one record per content block: the ``assistant`` records of one API response (``message.id``)
 are merged into one assistant message, and the ``tool_result`` parts of the ``user`` records after it into the one
 user message that answers it (a record's other parts follow as a user message of their own). Each response is one
-call, billed with the ``usage`` of its last record (input, output, cache read, cache creation). Records in file order;
+call, billed with the ``usage`` of its last record (input, output, cache read, cache creation), made at its first
+record's ``timestamp``; the project is the records' ``cwd``. Records in file order;
 API-error and ``<synthetic>`` assistant records are left out (they are not model output). A ``compact_boundary``
 system record and the ``isCompactSummary`` user record after it, or an old ``summary`` record whose leaf is an
 earlier message of the file, mark a compaction. Sub-agents (``isSidechain``: inline, in ``agent-<id>.jsonl`` beside
@@ -104,6 +105,8 @@ def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
                 draft.usage[key] = anthropic_usage(message["usage"])
             if isinstance(message.get("model"), str):
                 draft.models.setdefault(key, message["model"])
+            if isinstance(record.get("timestamp"), str):
+                draft.times.setdefault(key, record["timestamp"])
         else:
             results = [p for p in blocks if p.get("type") == "tool_result"]
             others = [p for p in blocks if p.get("type") != "tool_result"]
@@ -123,6 +126,7 @@ def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
             pending = None
     draft.trailing_compaction = pending
     draft.goal = opening_task(messages)
+    draft.project = next((r["cwd"] for r in records if isinstance(r.get("cwd"), str)), None)
     return draft
 
 

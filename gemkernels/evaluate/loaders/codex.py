@@ -8,7 +8,8 @@ call's billed usage (``last_token_usage``; ``input_tokens`` counts the cached on
 after it begins a new call even where the items alone would not show it (a lost output). ``compacted`` records (and
 ``compaction`` items) mark the agent's own rewrites; a ``compacted`` summary becomes a user message. The shell tool's
 names across versions (``container.exec``, ``shell``, ``local_shell``, ``shell_command``, ``exec_command``) are one
-next-action name, ``shell``.
+next-action name, ``shell``. A call's time is its first item's record ``timestamp``; the project is the
+``session_meta`` ``cwd``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def read_rollout(data: Any, stem: str) -> list[Draft]:
         kind, payload = record.get("type"), record["payload"]
         if kind == "turn_context" and isinstance(payload.get("model"), str):
             model = payload["model"]
+        elif kind == "session_meta" and isinstance(payload.get("cwd"), str):
+            draft.project = payload["cwd"]
         elif kind == "compacted":
             pending = "compacted"
             if isinstance(payload.get("message"), str) and payload["message"]:
@@ -77,6 +80,8 @@ def read_rollout(data: Any, stem: str) -> list[Draft]:
                 counted = False
                 if model:
                     draft.models[id(payload)] = model
+                if isinstance(record.get("timestamp"), str):
+                    draft.times[id(payload)] = record["timestamp"]
             items.append(payload)
     draft.trailing_compaction = pending
     draft.goal = draft.goal or opening_task(items)

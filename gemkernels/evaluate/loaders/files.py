@@ -1,4 +1,5 @@
-"""Which files a path names, and a file's content: one JSON document, or JSON Lines with unreadable lines counted."""
+"""Which files a path names, and a file's content: one JSON document, JSON Lines with unreadable lines counted, or
+the text of a markdown file (Aider's history)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gemkernels.evaluate.loaders.cline import API_HISTORY, TASK_METADATA, UI_MESSAGES
+
 RUN_SUFFIXES = (".json", ".jsonl", ".traj")
+#: Aider's chat history (``--chat-history-file`` renames it; a file named on the command line is read whatever its
+#: name): markdown, read as text.
+AIDER_HISTORY = ".aider.chat.history.md"
 #: One event of an OpenHands SDK conversation folder (``events/event-00000-<id>.json``).
 EVENT_FILE = re.compile(r"event-\d+-[\w-]+\.json")
 
@@ -27,8 +33,8 @@ class Document:
 
 def expand_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
                  ) -> tuple[list[Path], list[tuple[str, str]]]:
-    """Files named by ``paths`` in order, without repeats; a folder of OpenHands SDK events counts as one file;
-    paths that name nothing come back as errors."""
+    """Files named by ``paths`` in order, without repeats; a folder of OpenHands SDK events and a Cline task folder
+    count as one file; paths that name nothing come back as errors."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     files: dict[Path, None] = {}
     errors = []
@@ -38,21 +44,35 @@ def expand_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]
         if not matches:
             errors.append((text, "no such file, directory or glob match"))
         for match in matches:
-            files.update(dict.fromkeys(run_sources(match) if match.is_dir() else [match]))
+            files.update(dict.fromkeys(run_sources(match) if match.is_dir() else [source_of(match)]))
     return list(files), errors
 
 
 def run_sources(folder: Path) -> list[Path]:
-    """The run files under ``folder`` (recursive: *.json, *.jsonl, *.traj), each event folder as one entry (the
-    ``base_state.json`` beside an SDK conversation's ``events/`` is its metadata, not a run)."""
+    """The run files under ``folder`` (recursive: *.json, *.jsonl, *.traj, Aider histories), each event folder and
+    Cline task folder as one entry; metadata beside runs is left out (an SDK conversation's ``base_state.json``, the
+    ``logs.json`` of the user's prompts beside Gemini CLI's ``chats/``)."""
     found: list[Path] = []
     for path in sorted(folder.rglob("*")):
-        if not path.is_file() or path.suffix not in RUN_SUFFIXES:
+        if not path.is_file() or (path.suffix not in RUN_SUFFIXES and not path.name.endswith(AIDER_HISTORY)):
             continue
-        if path.name == "base_state.json" and is_event_folder(path.parent / "events"):
+        if (path.name == "base_state.json" and is_event_folder(path.parent / "events")) or (
+                path.name == "logs.json" and (path.parent / "chats").is_dir()):
             continue
+        if is_task_folder(path.parent):  # the API history, its UI log, its metadata, Cline's other task files
+            path = path.parent
         found.append(path.parent if EVENT_FILE.fullmatch(path.name) and is_event_folder(path.parent) else path)
     return list(dict.fromkeys(found))
+
+
+def source_of(path: Path) -> Path:
+    """The run source a named file belongs to: a Cline task's API history is its task folder."""
+    return path.parent if path.name == API_HISTORY else path
+
+
+def is_task_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a Cline task folder (it holds the API history)."""
+    return (folder / API_HISTORY).is_file()
 
 
 def is_event_folder(folder: Path) -> bool:
@@ -65,6 +85,8 @@ def run_stem(path: Path) -> str:
     is named by the conversation's folder."""
     if path.name == "events" and path.is_dir():
         return path.parent.name
+    if path.name.endswith(AIDER_HISTORY):
+        return path.name[:-len(AIDER_HISTORY)] or path.resolve().parent.name
     name = path.name
     while Path(name).suffix in RUN_SUFFIXES and Path(name).stem:
         name = Path(name).stem
@@ -73,11 +95,13 @@ def run_stem(path: Path) -> str:
 
 def read_document(path: Path) -> Document:
     """The file as one JSON document, else as JSON Lines: every line that holds a JSON object or array, the others
-    counted as skipped; the document's own error when no line is readable. An event folder: its events in order,
-    unreadable event files counted as skipped."""
+    counted as skipped; the document's own error when no line is readable. A markdown file: its text. An event
+    folder: its events in order, unreadable event files counted as skipped; a Cline task folder, `read_task_folder`."""
     if path.is_dir():
-        return read_event_folder(path)
+        return read_task_folder(path) if is_task_folder(path) else read_event_folder(path)
     text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix == ".md":
+        return Document(text)
     try:
         return Document(json.loads(text))
     except json.JSONDecodeError as whole:
@@ -96,6 +120,21 @@ def read_document(path: Path) -> Document:
         if not values:
             raise whole from None
         return Document(values, skipped)
+
+
+def read_task_folder(folder: Path) -> Document:
+    """A Cline task folder: its files' JSON by name (the API history must be readable; an unreadable UI log or
+    metadata file is counted as skipped and left out)."""
+    data: dict[str, Any] = {API_HISTORY: json.loads((folder / API_HISTORY).read_text(encoding="utf-8",
+                                                                                      errors="replace"))}
+    skipped = 0
+    for name in (UI_MESSAGES, TASK_METADATA):
+        if (folder / name).is_file():
+            try:
+                data[name] = json.loads((folder / name).read_text(encoding="utf-8", errors="replace"))
+            except json.JSONDecodeError:
+                skipped += 1
+    return Document(data, skipped)
 
 
 def read_event_folder(folder: Path) -> Document:

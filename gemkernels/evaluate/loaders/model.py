@@ -10,6 +10,7 @@ call is ``final`` (not in ``messages``) at position ``len(messages)``. Sub-agent
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -49,21 +50,26 @@ class NextAction:
 @dataclass(frozen=True)
 class Call:
     """One recorded model call: its request is ``messages[:position]``, ``actions`` what it called (empty: a text
-    reply), ``usage`` what it was billed (None: not in the log), ``model`` the model the log names."""
+    reply), ``usage`` what it was billed (None: not in the log), ``model`` the model the log names, ``time`` when
+    the log says it was made (ISO 8601 as recorded; None: not in the log)."""
 
     position: int
     actions: tuple[NextAction, ...] = ()
     usage: Usage | None = None
     model: str | None = None
+    time: str | None = None
 
 
 @dataclass(frozen=True)
 class Compaction:
-    """The agent replaced its history: from ``messages[position]`` on (its summary, where the log keeps one), its
-    requests no longer hold what came before. ``kind`` names the log's marker."""
+    """The agent replaced its history: its requests after ``messages[position]`` (its summary, where the log keeps
+    one) hold the history from there on (from ``resume`` where it cut a range out instead, as Cline does), after
+    their first ``keep`` messages (Cline keeps the task). ``kind`` names the log's marker."""
 
     position: int
     kind: str
+    keep: int = 0
+    resume: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,7 @@ class Run:
     parent_call: str | None = None  # the parent's tool call that started it
     spawned: tuple[Link, ...] = field(default=(), repr=False)
     skipped: int = 0  # unreadable lines of its file, skipped
+    project: str | None = None  # the project (working directory) the log names
 
     def __post_init__(self) -> None:
         if not self.calls:
@@ -106,6 +113,24 @@ class Run:
         """The billed usage summed over the calls that record it (None: no call does)."""
         billed = [call.usage for call in self.calls if call.usage is not None]
         return sum(billed[1:], billed[0]) if billed else None
+
+    def request(self, position: int) -> Messages:
+        """The history the agent sent with the call at ``position``: ``messages[:position]``, from the latest
+        compaction before it on (with the messages it keeps and the leading system messages), as the agent's own
+        requests were."""
+        latest = max((c for c in self.compactions if c.position < position), key=lambda c: c.position, default=None)
+        if latest is None:
+            return self.messages[:position]
+        start = latest.position if latest.resume is None else latest.resume
+        head = min(latest.keep, start)
+        while head < start and self.messages[head].get("role") in ("system", "developer"):
+            head += 1
+        return self.messages[:head] + self.messages[start:position]
+
+    @property
+    def workspace(self) -> str:
+        """The project the run belongs to: the one its log names, else the folder its file is in."""
+        return self.project or os.path.dirname(self.path)
 
     @property
     def api(self) -> str:

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from gemkernels.evaluate.loaders import chat, claude_code, codex, mini_swe_agent, openhands, openhands_sdk, swe_agent
+from gemkernels.evaluate.loaders import (
+    aider,
+    chat,
+    claude_code,
+    cline,
+    codex,
+    gemini_cli,
+    mini_swe_agent,
+    openhands,
+    openhands_sdk,
+    swe_agent,
+)
 from gemkernels.evaluate.loaders.settle import Draft, Format
 
 #: In the order they are tried: the agent logs first, the plain message lists last.
 FORMATS: tuple[Format, ...] = (*codex.FORMATS, *claude_code.FORMATS, *openhands_sdk.FORMATS, *openhands.FORMATS,
-                               *mini_swe_agent.FORMATS, *swe_agent.FORMATS, *chat.FORMATS)
+                               *mini_swe_agent.FORMATS, *swe_agent.FORMATS, *aider.FORMATS, *gemini_cli.FORMATS,
+                               *cline.FORMATS, *chat.FORMATS)
 
 
 def known_formats() -> str:

@@ -33,8 +33,8 @@ UNANSWERED = "[no result recorded]"
 @dataclass
 class Draft:
     """What a reader found: the messages (the objects it made or read), and keyed by ``id()`` of a message the
-    first message of each model call with its usage and model, and the first message after each compaction with its
-    kind."""
+    first message of each model call with its usage, model and time, and the first message after each compaction
+    with its kind."""
 
     name: str
     format: str
@@ -42,13 +42,17 @@ class Draft:
     goal: str | None
     usage: dict[int, Usage] = field(default_factory=dict)
     models: dict[int, str] = field(default_factory=dict)
+    times: dict[int, str] = field(default_factory=dict)
     compactions: dict[int, str] = field(default_factory=dict)
+    kept: dict[int, int] = field(default_factory=dict)  # compaction -> the last leading message it keeps (`keep`)
+    resumes: dict[int, int] = field(default_factory=dict)  # compaction -> where its history resumes (`resume`)
     starts: set[int] = field(default_factory=set)  # Responses items the log says begin a call (`settle`)
     trailing_compaction: str | None = None  # a compaction after the last message
     id: str | None = None
     parent: str | None = None
     spawned: tuple[Link, ...] = ()
     rename: dict[str, str] = field(default_factory=dict)  # tool name -> canonical name (`NextAction.name`)
+    project: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,16 +75,20 @@ def build(draft: Draft, path: str, skipped: int = 0) -> Run:
         raise type(err)(f"run {draft.name}: {err}") from err
     index = {id(m): i for i, m in enumerate(messages)}
     index.update({id(m): len(messages) for m in final[:1]})
-    first_of = {index[key]: key for key in draft.usage.keys() | draft.models.keys() if key in index}
+    first_of = {index[key]: key for key in draft.usage.keys() | draft.models.keys() | draft.times.keys()
+                if key in index}
     calls = tuple(replace(call, usage=draft.usage.get(first_of.get(call.position)),
-                          model=draft.models.get(first_of.get(call.position)))
+                          model=draft.models.get(first_of.get(call.position)),
+                          time=draft.times.get(first_of.get(call.position)))
                   for call in model_calls(messages, final, draft.rename))
-    marks = [Compaction(index[key], kind) for key, kind in draft.compactions.items() if key in index]
+    marks = [Compaction(index[key], kind, index[draft.kept[key]] + 1 if draft.kept.get(key) in index else 0,
+                        index.get(draft.resumes.get(key, -1)))
+             for key, kind in draft.compactions.items() if key in index]
     if draft.trailing_compaction:
         marks.append(Compaction(len(messages), draft.trailing_compaction))
     return Run(draft.name, draft.format, messages, draft.goal, path, calls, final, settled.unanswered,
                settled.orphans, tuple(sorted(marks, key=lambda c: c.position)), draft.id, draft.parent,
-               None, draft.spawned, skipped)
+               None, draft.spawned, skipped, draft.project)
 
 
 Split = tuple[Messages, tuple[dict[str, Any], ...]]  # the messages before the final turn, the final turn
