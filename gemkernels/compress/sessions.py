@@ -95,6 +95,20 @@ class SessionStore:
             return len(self._items)
 
 
+class SessionLocks:
+    """``stripes`` locks, one taken per session, so that a session's requests are compressed one at a time (two
+    sessions may share a lock: it only orders them). A request without a session id is named by its first two
+    messages, as GEM names such a session by its prefix."""
+
+    def __init__(self, stripes: int = 64):
+        self.locks = [threading.Lock() for _ in range(stripes)]
+
+    def of(self, messages: Any, session_id: str | None, tenant: str | None) -> threading.Lock:
+        key = session_id if session_id is not None else json.dumps(messages[:2], default=str, sort_keys=True)
+        digest = hashlib.blake2b(f"{tenant}\x1f{key}".encode("utf-8", "surrogatepass"), digest_size=4).digest()
+        return self.locks[int.from_bytes(digest, "little") % len(self.locks)]
+
+
 #: The proxy's own session header (never forwarded upstream).
 GEM_SESSION_HEADER = "x-gem-session"
 #: Request headers that name a conversation, first match wins: the proxy's own, Claude Code's, Codex's.

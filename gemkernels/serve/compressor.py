@@ -5,10 +5,7 @@ selection kernels compiled before serving."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +14,7 @@ from typing import Any
 from gemkernels.compress.config import with_overrides
 from gemkernels.compress.encoders import Encoder, make_encoder
 from gemkernels.compress.gem import GEM, PASSTHROUGH, Compressed
-from gemkernels.compress.sessions import SessionStore, StateStore
+from gemkernels.compress.sessions import SessionLocks, SessionStore, StateStore
 from gemkernels.select.api import warm_up
 from gemkernels.serve.batching import SelectionBatcher
 from gemkernels.serve.config import ServerConfig
@@ -25,8 +22,6 @@ from gemkernels.serve.embedding_queue import EncodingQueue
 from gemkernels.serve.metrics import Metrics
 
 logger = logging.getLogger("gemkernels.serve")
-
-LOCK_STRIPES = 64
 
 
 def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: EncodingQueue,
@@ -81,7 +76,7 @@ class Compressor:
         self.gem = make_gem(config, self.selector, self.encoder, store)
         metrics.sessions.set_function(lambda: len(self.gem.store))
         self.executor = ThreadPoolExecutor(config.threads, thread_name_prefix="gem-compress")
-        self.locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
+        self.locks = SessionLocks()
 
     def running(self) -> int:
         """Compressions that could be inside GEM now (the batchers wait for no more than this)."""
@@ -117,10 +112,7 @@ class Compressor:
     def _compress(self, messages: Any, session_id: str | None, goal: str | None,
                   message_sizes: Sequence[int] | None, tenant: str | None, deadline: float | None,
                   save: bool) -> Compressed:
-        key = session_id if session_id is not None else json.dumps(messages[:2], default=str, sort_keys=True)
-        key = f"{tenant}\x1f{key}"
-        stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little") % LOCK_STRIPES
-        with self.locks[stripe], self.encoder.deadline(deadline):
+        with self.locks.of(messages, session_id, tenant), self.encoder.deadline(deadline):
             return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
                                      tenant=tenant, save=save)
 
