@@ -101,3 +101,57 @@ def rewrites(client: TestClient) -> int:
         if line.startswith("gem_requests_total{") and 'action="reselected"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return int(total)
+
+
+def test_sub_agents_and_side_requests_leave_the_main_session_as_it_was():
+    """A recorded Claude Code session and its sub-agent, the sub-agent's calls sent between the main session's from
+    its middle on (as a sub-agent started mid-session is; one session header, each agent its own system prompt),
+    plus a title request after every main call: the main session's forwarded bodies are byte for byte those of
+    the main session sent alone (cache-aware appends to its saved state, so another agent's request taken for
+    the main session would show)."""
+    folder = LOGS / "claude-code"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is absent")
+    runs, _ = load_runs(folder)
+    pairs = [(parent, child) for child in runs if child.parent is not None
+             for parent in runs if parent.id == child.parent]
+    if not pairs:
+        pytest.skip("no recorded Claude Code session with a sub-agent")
+
+    def requests(run, system: str) -> list[bytes]:
+        histories = [(run.messages + list(run.final))[:call.position] for call in run.calls]
+        return [json.dumps({"model": "m", "system": system, "messages": history}, ensure_ascii=False).encode()
+                for history in histories if history]
+
+    def main_bodies(schedule: list[bytes], main_system: str) -> list[bytes]:
+        forwarded: list[bytes] = []
+
+        def upstream(request: httpx.Request) -> httpx.Response:
+            if json.loads(request.content)["system"] == main_system:
+                forwarded.append(request.content)
+            return httpx.Response(200, json={"ok": True})
+
+        app = create_app(ServerConfig(upstream="http://upstream/v1", encoder="hash", preset="cache-aware",
+                                      overrides=("rewrite_above_blocks=24", "min_blocks=4"), encode_budget=30.0),
+                         transport=httpx.MockTransport(upstream))
+        with TestClient(app) as client:
+            for body in schedule:
+                headers = {"authorization": "Bearer sk-cc", "x-claude-code-session-id": "one-session"}
+                assert client.post("/v1/messages", content=body, headers=headers).status_code == 200
+        return forwarded
+
+    title = json.dumps({"model": "m", "system": "Write a 5-10 word title for the conversation.",
+                        "messages": [{"role": "user", "content": "Please write a title."}]}).encode()
+    for parent, child in pairs:
+        main_system = "You are Claude Code, Anthropic's official CLI for Claude."
+        main = requests(parent, main_system)
+        sub = requests(child, f"You are a sub-agent for Claude Code ({child.name}).")
+        middle = len(main) // 2
+        schedule = []
+        for i, body in enumerate(main):
+            schedule += [body, title]
+            if middle <= i < middle + len(sub):
+                schedule.append(sub[i - middle])
+        alone = main_bodies(main, main_system)
+        assert any(len(a) < len(m) for a, m in zip(alone, main)), "the main session was never compressed"
+        assert main_bodies(schedule, main_system) == alone
