@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import FIXTURES, TRAJECTORIES, needs_extra
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gemkernels.cli import extras, main
 from gemkernels.compress.encoders import HashEncoder
@@ -128,17 +130,25 @@ def test_encoder_actors_take_the_gpus_where_the_cluster_has_them():
     assert count == 8 and options["num_gpus"] == 1 and "runtime_env" not in options
 
 
-class Reversed:
-    """A runner whose work completes in reverse order."""
+class Completing:
+    """A runner whose work completes in a given order of positions."""
+
+    def __init__(self, order):
+        self.order = order
 
     def completed(self, function, items):
-        return ((i, function(items[i])) for i in reversed(range(len(items))))
+        return ((i, function(items[i])) for i in self.order)
 
 
-def test_results_come_back_in_input_order_whatever_the_completion_order():
-    items = list(range(7))
-    assert run_all(Reversed(), lambda i: i * i, items, progress=False) == [i * i for i in items]
-    assert run_all(LocalPool(2), abs, [-3, 2, -1], progress=False) == [3, 2, 1]
+@given(st.lists(st.integers(), max_size=30).flatmap(lambda items: st.tuples(st.just(items),
+                                                                            st.permutations(range(len(items))))))
+def test_results_come_back_in_input_order_whatever_the_completion_order(case):
+    items, order = case
+    assert run_all(Completing(order), lambda i: -i, items, progress=False) == [-i for i in items]
+
+
+def test_the_local_pool_returns_results_in_input_order():
+    assert run_all(LocalPool(2), abs, [-3, 2, -1, 0, -7], progress=False) == [3, 2, 1, 0, 7]
 
 
 @pytest.mark.parametrize("command", ["replay", "online", "analyze"])
