@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -136,6 +137,7 @@ def test_redis_down_mid_load_forwards_as_sent_then_compression_resumes(tmp_path)
             metrics = httpx.get(replica.url + "/metrics").text
             assert re.search(r'^gem_passthroughs_total\{reason="store_unavailable"\} [1-9]', metrics, re.M)
             own.start()
+            time.sleep(1.2)  # a replica tries Redis again 1 s after its last failure
             for end in ENDS[5:]:
                 assert send(replica.url, 0, end).status_code == 200
             assert len(fake.received[-1].raw) < len(request_body(0, ENDS[-1]))  # compressing again
