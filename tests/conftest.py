@@ -39,3 +39,18 @@ def triton_options():
 
     with contextlib.ExitStack() as stack:
         yield lambda options: stack.enter_context(triton_backend.using(options))
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A ``redis-server`` on a free port of 127.0.0.1 for the whole run (`gemkernels.testing.processes`); the test
+    skips, saying why, where the machine has none (CI installs Debian's package)."""
+    from gemkernels.testing.processes import RedisServer, RedisServerMissing
+
+    try:
+        server = RedisServer()
+    except RedisServerMissing as err:
+        pytest.skip(str(err))
+    server.start()
+    yield server
+    server.stop()

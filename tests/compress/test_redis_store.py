@@ -1,7 +1,8 @@
 """The Redis session store and shared embedding cache (`gemkernels.compress.redis_store`,
 `gemkernels.compress.encoders.redis_cache`) against a real ``redis-server`` on 127.0.0.1: GEMs sharing one
 Redis forward what one GEM forwards, concurrent saves of a session conflict and are computed again, an unreachable
-Redis forwards unchanged at once and compression resumes when it returns."""
+Redis forwards unchanged at once and compression resumes when it returns. Tests that start a Redis of their own
+take the ``redis_server`` fixture too, so that they skip with it where there is no ``redis-server``."""
 
 from __future__ import annotations
 
@@ -20,22 +21,10 @@ from helpers import CountingEncoder  # noqa: E402
 from gemkernels import GEM  # noqa: E402
 from gemkernels.compress.encoders.redis_cache import RedisEmbeddingCache  # noqa: E402
 from gemkernels.compress.gem import PASSTHROUGH  # noqa: E402
-from gemkernels.compress.redis_store import (RedisConnection, RedisSessionStore, pack_state,  # noqa: E402
-                                             unpack_state)
+from gemkernels.compress.redis_store import RedisConnection, RedisSessionStore, pack_state, unpack_state  # noqa: E402
 from gemkernels.compress.sessions import SessionConflict, SessionState, goal_digest  # noqa: E402
 from gemkernels.testing.histories import synthetic_anthropic_history, synthetic_history  # noqa: E402
-from gemkernels.testing.processes import RedisServer, RedisServerMissing  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    try:
-        server = RedisServer()
-    except RedisServerMissing as err:
-        pytest.skip(str(err))
-    server.start()
-    yield server
-    server.stop()
+from gemkernels.testing.processes import RedisServer  # noqa: E402
 
 
 def store_on(server: RedisServer, **options) -> RedisSessionStore:
@@ -184,7 +173,7 @@ def test_a_replica_never_encodes_what_another_encoded(redis_server, dtype, toler
     second.close()
 
 
-def test_the_embedding_cache_encodes_here_when_redis_is_down():
+def test_the_embedding_cache_encodes_here_when_redis_is_down(redis_server):
     with RedisServer() as own:
         model = CountingEncoder()
         cache = RedisEmbeddingCache(model, RedisConnection(own.url, retry_s=0.1))

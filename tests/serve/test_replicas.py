@@ -23,7 +23,7 @@ pytest.importorskip("prometheus_client")
 from gemkernels.serve.app import ServerConfig, create_app  # noqa: E402
 from gemkernels.testing.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
 from gemkernels.testing.histories import synthetic_history  # noqa: E402
-from gemkernels.testing.processes import GemServeProcess, RedisServer, RedisServerMissing  # noqa: E402
+from gemkernels.testing.processes import GemServeProcess, RedisServer  # noqa: E402
 
 SESSIONS = 6
 PRESET = "cache-aware"
@@ -55,17 +55,6 @@ def by_session(fake: FakeUpstream) -> dict[str, list[bytes]]:
 def serve_args(upstream: str, store: str, *more: str, preset: str = PRESET) -> list[str]:
     return ["--upstream", upstream + "/v1", "--encoder", "hash", "--preset", preset, "--store", store,
             "--encode-budget-ms", "inf", *more]
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    try:
-        server = RedisServer()
-    except RedisServerMissing as err:
-        pytest.skip(str(err))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +109,7 @@ def test_three_replicas_forward_what_one_process_forwards_and_survive_a_sigkill(
         upstream.stop()
 
 
-def test_redis_down_mid_load_forwards_as_sent_then_compression_resumes(tmp_path):
+def test_redis_down_mid_load_forwards_as_sent_then_compression_resumes(redis_server, tmp_path):
     with RedisServer() as own:
         fake = FakeUpstream()
         upstream = ServerThread(fake.app())
