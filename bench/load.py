@@ -214,13 +214,13 @@ def measure(target: str, url: str, pid: int | None, runs: list[Run], sessions: i
 
 
 def store_round_trips(url: str) -> float | None:
-    """The ``gem_store_round_trips`` gauge of a gem target (None for any other target, or 0 trips so far: memory)."""
+    """The ``gem_store_round_trips_total`` of a gem target, every worker's (None for any other target)."""
     try:
         text = httpx.get(url + "/metrics", timeout=5).text
     except httpx.HTTPError:
         return None
     for line in text.splitlines():
-        if line.startswith("gem_store_round_trips "):
+        if line.startswith("gem_store_round_trips_total "):
             return float(line.split()[1])
     return None
 

@@ -23,7 +23,7 @@ from gemkernels.compress.config import GEMConfig, resolve_config
 from gemkernels.compress.encoders import Encoder, EncodingDeferred, make_encoder
 from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
 from gemkernels.compress.guard import guarded_removals
-from gemkernels.compress.identity import block_identity, responses_identity
+from gemkernels.compress.identity import local_digest, responses_said, said, stable_digest
 from gemkernels.compress.policy import budget_reason, ceiling_drops, could_repay, repay_reason, reselection_reason
 from gemkernels.compress.representation import block_text
 from gemkernels.compress.sessions import (
@@ -172,8 +172,9 @@ class GEM:
 
         goal_text = goal if goal is not None else history.task_text(cfg.goal_from)
         state = self.store.get(store_key)
-        identity = responses_identity if history.format == RESPONSES else block_identity
-        keys = tuple(identity(messages, span) for span in spans)
+        what = responses_said if history.format == RESPONSES else said
+        digest = stable_digest if getattr(self.store, "shared", False) else local_digest
+        keys = tuple(digest(what(messages, span)) for span in spans)
         cache = {} if state is None else state.block_cache if save else dict(state.block_cache)  # a dry run adds none
         encode_started = time.perf_counter()
         try:

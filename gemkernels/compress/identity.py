@@ -1,9 +1,11 @@
-"""Block identities that every process computes alike: a block is its tool-call ids plus a digest of what it says.
+"""Block identities: a block is its tool-call ids plus what it says, so a block rewritten under the same ids (an
+elided old output) is a new one. Prompt-cache breakpoints (``cache_control``, which clients move to the newest
+message every turn) are left out at any depth.
 
-Replicas of the proxy sharing one session store (DESIGN.md §5.1) compare identities computed in different
-processes, so they are SHA-256 digests (hardware-accelerated on current CPUs) of an unambiguous encoding of the
-block's values, never Python's ``hash()``, which is salted per process. Prompt-cache breakpoints
-(``cache_control``, which clients move to the newest message every turn) are left out at any depth.
+What a block says is one hashable tuple (`said`). A store kept in this process compares identities made with
+Python's ``hash()`` of it (fast; salted per process). A store shared by processes (``StateStore.shared``, the
+replicas of DESIGN.md §5.1) compares identities made by different processes, so they are 12 bytes of the SHA-256
+of an unambiguous encoding of the same tuple (`stable_digest`): equal in every process.
 """
 
 from __future__ import annotations
@@ -14,59 +16,75 @@ from typing import Any
 
 from gemkernels.compress.blocks import Span
 
-#: Bytes of a block identity's digest (its hex is the identity; 96 bits: no collision among a session's blocks).
+#: Bytes of a stable identity's digest (its hex is the identity; 96 bits: no collision among a session's blocks).
 DIGEST_BYTES = 12
-#: Message fields that say something (an OpenAI or Anthropic message; the tool calls are read apart).
-SAID_FIELDS = ("content", "reasoning_content", "reasoning")
+#: Values kept as they are (anything else is kept as its repr).
+PLAIN = (str, int, float, bool, type(None))
 
 
-def feed(parts: list[str], value: Any) -> None:
-    """Append ``value`` to ``parts`` so that two values give the same parts only when they are equal: texts after
-    their length, numbers and constants as their repr, containers bracketed, ``cache_control`` keys skipped."""
+def frozen(value: Any) -> Any:
+    """``value`` as nested tuples without ``cache_control`` keys: texts and numbers as they are (not copied)."""
+    if value.__class__ in PLAIN:
+        return value
+    if isinstance(value, dict):
+        return ("{", *((key, frozen(item)) for key, item in value.items() if key != "cache_control"))
+    if isinstance(value, (list, tuple)):
+        return ("[", *map(frozen, value))
+    return ("=", repr(value))
+
+
+def said(messages: Sequence[Any], span: Span) -> tuple[Any, ...]:
+    """What a chat block says: its call ids, each message's content and reasoning, each tool call's name and
+    arguments."""
+    parts: list[Any] = [span.key]
+    for p in span.positions:  # runs for every block of every request: kept to plain lookups
+        get = messages[p].get
+        content, thinking, reasoning = get("content"), get("reasoning_content"), get("reasoning")
+        here: tuple[Any, ...] = (content if content.__class__ in PLAIN else frozen(content),
+                                 thinking if thinking.__class__ in PLAIN else frozen(thinking),
+                                 reasoning if reasoning.__class__ in PLAIN else frozen(reasoning))
+        calls = get("tool_calls")
+        parts.append(here + tuple(map(call_said, calls)) if calls else here)
+    return tuple(parts)
+
+
+def call_said(call: Any) -> Any:
+    """What a tool call says: its function's name and arguments."""
+    function = call.get("function") if call.__class__ is dict else call
+    if function.__class__ is not dict:
+        return frozen(function)
+    name, arguments = function.get("name"), function.get("arguments")
+    if name.__class__ is str and arguments.__class__ is str:  # the usual call: no copy
+        return name, arguments
+    return frozen(name), frozen(arguments)
+
+
+def responses_said(items: Sequence[Any], span: Span) -> tuple[Any, ...]:
+    """What a Responses API block says: its call ids and every field of its items."""
+    return (span.key, *(frozen(items[p]) for p in span.positions))
+
+
+def local_digest(value: tuple[Any, ...]) -> str:
+    """An identity for a store in this process: Python's hash of ``value``."""
+    return f"{hash(value) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def stable_digest(value: tuple[Any, ...]) -> str:
+    """An identity every process computes alike: the first `DIGEST_BYTES` of the SHA-256 of ``value`` encoded so
+    that two values encode alike only when they are equal (texts with their ``\\x1f`` doubled, each part ended by
+    ``\\x1f`` and a tag)."""
+    out: list[str] = []
+    encode_into(out, value)
+    return hashlib.sha256("".join(out).encode("utf-8", "surrogatepass")).digest()[:DIGEST_BYTES].hex()
+
+
+def encode_into(out: list[str], value: Any) -> None:
     if value.__class__ is str:
-        parts += (str(len(value)), value)
-    elif isinstance(value, dict):
-        parts.append("{")
-        for key, item in value.items():
-            if key != "cache_control":
-                feed(parts, key)
-                feed(parts, item)
-        parts.append("}")
-    elif isinstance(value, (list, tuple)):
-        parts.append("[")
+        out += (value.replace("\x1f", "\x1f\x1f"), "\x1f;")
+    elif value.__class__ is tuple:
+        out.append("\x1f(")
         for item in value:
-            feed(parts, item)
-        parts.append("]")
-    else:
-        parts += ("=", repr(value))
-
-
-def digest_of(parts: list[str]) -> str:
-    """The hex digest of ``parts`` (the first `DIGEST_BYTES` of the SHA-256 of their UTF-8, one separator apart)."""
-    return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).digest()[:DIGEST_BYTES].hex()
-
-
-def block_identity(messages: Sequence[Any], span: Span) -> str:
-    """A chat block's identity: its tool-call ids and a digest of each message's content and reasoning and each
-    tool call's name and arguments, so a block rewritten under the same ids (an elided old output) is a new one."""
-    parts = [span.key]
-    for p in span.positions:
-        message = messages[p]
-        for name in SAID_FIELDS:
-            feed(parts, message.get(name))
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") if isinstance(call, dict) else call
-            if isinstance(function, dict):
-                feed(parts, function.get("name"))
-                feed(parts, function.get("arguments"))
-            else:
-                feed(parts, function)
-    return digest_of(parts)
-
-
-def responses_identity(items: Sequence[Any], span: Span) -> str:
-    """`block_identity` for a Responses API ``input``: the call ids and a digest of every field of its items."""
-    parts = [span.key]
-    for p in span.positions:
-        feed(parts, items[p])
-    return digest_of(parts)
+            encode_into(out, item)
+        out.append("\x1f)")
+    else:  # None, a bool or a number (frozen left nothing else)
+        out += (repr(value), "\x1f#")

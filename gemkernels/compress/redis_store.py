@@ -52,11 +52,12 @@ return version
 
 class RedisConnection:
     """One Redis client shared by the session store and the embedding cache: bounded pool, short timeouts, no
-    retries (a request must not wait on a sick Redis), a pause of ``retry_s`` after a failure, round trips
-    counted in ``round_trips``. ``url`` is ``redis://[:password@]host:port/db`` (``rediss://`` for TLS)."""
+    retries (a request must not wait on a sick Redis), a pause of ``retry_s`` after a failure, each call's round
+    trips told to ``count_round_trips``. ``url`` is ``redis://[:password@]host:port/db`` (``rediss://`` for TLS)."""
 
     def __init__(self, url: str, timeout_s: float = 0.5, retry_s: float = 1.0, max_connections: int = 64,
-                 prefix: str = "gem:", clock: Callable[[], float] = time.monotonic):
+                 prefix: str = "gem:", clock: Callable[[], float] = time.monotonic,
+                 count_round_trips: Callable[[int], None] = lambda trips: None):
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
@@ -64,11 +65,11 @@ class RedisConnection:
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"--store takes memory or a redis://host:port/db URL, got {self.shown(url)}")
         self.url, self.prefix, self.retry_s, self.clock = url, prefix, retry_s, clock
+        self.count_round_trips = count_round_trips
         pool = redis.BlockingConnectionPool.from_url(
             url, max_connections=max_connections, timeout=timeout_s, socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
         self.client = redis.Redis(connection_pool=pool)
-        self.round_trips = 0
         self.failures = 0
         self.down_until = 0.0
         self.lock = threading.Lock()
@@ -85,8 +86,7 @@ class RedisConnection:
         if now < self.down_until:
             raise StoreUnavailable(f"session store {self.shown(self.url)} unavailable "
                                    f"(retrying in {self.down_until - now:.1f} s)")
-        with self.lock:
-            self.round_trips += round_trips
+        self.count_round_trips(round_trips)
         try:
             return what()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
@@ -103,6 +103,8 @@ class RedisConnection:
 class RedisSessionStore:
     """GEM's `StateStore` in Redis, shared by replicas (module doc); ``local_*`` bound this process's block work,
     ``ttl_s`` how long Redis keeps a session after its last save."""
+
+    shared = True  # read by other processes: GEM names blocks by stable identities
 
     def __init__(self, connection: RedisConnection, ttl_s: float = 3600.0, local_max_sessions: int = 10_000,
                  local_max_bytes: int | None = 1 << 30):

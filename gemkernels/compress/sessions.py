@@ -45,7 +45,9 @@ class StoreUnavailable(RuntimeError):
 class StateStore(Protocol):
     """Where GEM keeps its sessions: ``get`` the state saved under a key (None: none), ``put`` one; ``len`` counts
     the states this process holds. A shared store may raise on ``put`` when another request of the session saved
-    in between (GEM computes that request again) or when it cannot be reached (the request goes out unchanged)."""
+    in between (GEM computes that request again) or when it cannot be reached (the request goes out unchanged).
+    A store with a true ``shared`` attribute is read by other processes: GEM then names blocks by identities that
+    every process computes alike (`gemkernels.compress.identity.stable_digest`)."""
 
     def get(self, session_id: str) -> SessionState | None: ...
 

@@ -33,13 +33,14 @@ def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: Encoding
                select_fn=selector.select)
 
 
-def shared_state(config: ServerConfig, encoder: Encoder) -> tuple[StateStore, Encoder, Callable[[], None]]:
-    """For a ``redis://`` store: the Redis session store, ``encoder`` behind the shared embedding cache, and what
-    closes both (`gemkernels.compress.redis_store`)."""
+def shared_state(config: ServerConfig, encoder: Encoder, count_round_trips: Callable[[int], None]
+                 ) -> tuple[StateStore, Encoder, Callable[[], None]]:
+    """For a ``redis://`` store: the Redis session store, ``encoder`` behind the shared embedding cache (their round
+    trips told to ``count_round_trips``), and what closes both (`gemkernels.compress.redis_store`)."""
     from gemkernels.compress.encoders.redis_cache import RedisEmbeddingCache
     from gemkernels.compress.redis_store import RedisConnection, RedisSessionStore
 
-    connection = RedisConnection(config.store)
+    connection = RedisConnection(config.store, count_round_trips=count_round_trips)
     store = RedisSessionStore(connection, ttl_s=config.store_ttl, local_max_sessions=config.max_sessions,
                               local_max_bytes=config.max_session_bytes)
     shared = RedisEmbeddingCache(encoder, connection, ttl_s=max(config.store_ttl, 86400.0),
@@ -69,12 +70,10 @@ class Compressor:
         model = make_encoder(config.encoder, cached=False)
         store, self.close_store = None, None
         if config.store != "memory":
-            store, model, self.close_store = shared_state(config, model)
-            metrics.store_round_trips.set_function(lambda: store.connection.round_trips)
+            store, model, self.close_store = shared_state(config, model, metrics.store_round_trips.inc)
         self.encoder = EncodingQueue(model, config.max_batch, cache_bytes=config.encode_cache_bytes,
                                      observer=metrics.observe_batch)
         self.gem = make_gem(config, self.selector, self.encoder, store)
-        metrics.sessions.set_function(lambda: len(self.gem.store))
         self.executor = ThreadPoolExecutor(config.threads, thread_name_prefix="gem-compress")
         self.locks = SessionLocks()
 
@@ -106,6 +105,7 @@ class Compressor:
         finally:
             self.pending -= 1
             self.metrics.pending.dec()
+            self.metrics.sessions.set(len(self.gem.store))  # the store changes only inside compressions
         self.metrics.observe_compression(route, result)
         return result
 

@@ -1,20 +1,52 @@
 """The proxy's Prometheus metrics (``GET /metrics``): requests and passthroughs by reason, characters and tokens
-before and after, stage latencies, batch sizes, sessions, pending compressions."""
+before and after, stage latencies, batch sizes, sessions, pending compressions, round trips to the session store.
+
+One process reports its own; the workers of ``gem serve --workers N`` write theirs to a directory of
+prometheus_client's multiprocess mode (`multiprocess_metrics`), and each reports every worker's summed, a dead
+worker's counts included and its gauges dropped."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from gemkernels.compress.gem import PASSTHROUGH, Compressed
 
 LATENCY_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1)
+#: The variable naming the multiprocess directory; prometheus_client reads it when it is imported.
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+@contextlib.contextmanager
+def multiprocess_metrics() -> Iterator[str]:
+    """A fresh multiprocess directory, named in the environment that the processes started inside inherit (so
+    their metrics go there), removed at the end."""
+    directory = tempfile.mkdtemp(prefix="gem-serve-metrics-")
+    previous = os.environ.get(MULTIPROCESS_DIR)
+    os.environ[MULTIPROCESS_DIR] = directory
+    try:
+        yield directory
+    finally:
+        if previous is None:
+            del os.environ[MULTIPROCESS_DIR]
+        else:
+            os.environ[MULTIPROCESS_DIR] = previous
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 class Metrics:
-    """The proxy's Prometheus metrics, in their own registry (one per app)."""
+    """The proxy's Prometheus metrics: in their own registry (one per app), or, in a process started with
+    ``PROMETHEUS_MULTIPROC_DIR`` set, in that directory with every worker's (module doc)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.directory = os.environ.get(MULTIPROCESS_DIR)
         r = self.registry
         self.requests = Counter("gem_requests", "Requests by route and GEM action", ["route", "action"], registry=r)
         self.passthroughs = Counter("gem_passthroughs", "Requests forwarded unchanged by reason", ["reason"],
@@ -30,10 +62,20 @@ class Metrics:
                                        buckets=LATENCY_BUCKETS)
         self.deferred = Counter("gem_encoding_deferred", "Requests sent on before their blocks were encoded",
                                 registry=r)
-        self.sessions = Gauge("gem_sessions", "Sessions held in GEM's store", registry=r)
-        self.pending = Gauge("gem_pending_compressions", "Compressions queued or running", registry=r)
-        self.store_round_trips = Gauge("gem_store_round_trips", "Round trips to the shared session store so far "
-                                       "(sessions and embeddings; 0 with the in-memory store)", registry=r)
+        self.sessions = Gauge("gem_sessions", "Sessions held in GEM's store (summed over workers)",
+                              registry=r, multiprocess_mode="livesum")
+        self.pending = Gauge("gem_pending_compressions", "Compressions queued or running", registry=r,
+                             multiprocess_mode="livesum")
+        self.store_round_trips = Counter("gem_store_round_trips", "Round trips to the shared session store "
+                                         "(sessions and embeddings; 0 with the in-memory store)", registry=r)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text of ``GET /metrics``: this app's metrics, or every worker's summed (module doc)."""
+        if self.directory is None:
+            return generate_latest(self.registry)
+        workers = CollectorRegistry()
+        MultiProcessCollector(workers, path=self.directory)
+        return generate_latest(workers)
 
     def observe_batch(self, kind: str, size: int, seconds: float) -> None:
         self.batch_size.labels(kind).observe(size)

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -335,5 +335,5 @@ class Proxy:
                                   "encoder": self.compressor.encoder.name}, status_code=200 if ready else 503)
 
     async def metrics_text(self, request: Request) -> Response:
-        """Prometheus text."""
-        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        """Prometheus text (`Metrics.exposition`)."""
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -3,7 +3,9 @@
 Each worker is a whole proxy (its own event loop, compression threads and encoder) built from the same
 `ServerConfig`; with more than one, they share their sessions through the config's ``redis://`` store, so they
 behave like one process. The supervisor binds the socket once and hands it to every worker (the kernel spreads
-the connections), restarts a worker that dies, and on SIGINT / SIGTERM asks every worker to drain and stop.
+the connections), restarts a worker that dies, and on SIGINT / SIGTERM asks every worker to drain and stop. The
+workers keep their metrics in one multiprocess directory, so each one's ``/metrics`` reports them all
+(`gemkernels.serve.metrics`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.multiprocess import mark_process_dead
+
 from gemkernels.serve.config import ServerConfig
+from gemkernels.serve.metrics import multiprocess_metrics
 
 logger = logging.getLogger("gemkernels.serve")
 
@@ -66,6 +71,12 @@ def worker_main(config: ServerConfig, listener: Listener, sock: socket.socket) -
 
 def serve_workers(config: ServerConfig, listener: Listener, workers: int) -> int:
     """Run ``workers`` worker processes on one socket until SIGINT / SIGTERM (module doc); the exit status."""
+    with multiprocess_metrics() as metrics_dir:  # before the first worker imports prometheus_client
+        return supervise(config, listener, workers, metrics_dir)
+
+
+def supervise(config: ServerConfig, listener: Listener, workers: int, metrics_dir: str) -> int:
+    """`serve_workers` with the workers' metrics in ``metrics_dir``."""
     sock = socket.create_server((listener.host, listener.port), reuse_port=False, backlog=2048)
     sock.set_inheritable(True)
     context = multiprocessing.get_context("spawn")
@@ -89,6 +100,7 @@ def serve_workers(config: ServerConfig, listener: Listener, workers: int) -> int
                 if not process.is_alive() and not stopping:
                     logger.warning("gem serve: worker %d (pid %s) exited with %s; starting another", i,
                                    process.pid, process.exitcode)
+                    mark_process_dead(process.pid, metrics_dir)  # its gauges go; its counts stay in the sums
                     processes[i] = start(i)
             time.sleep(0.2)
     finally:

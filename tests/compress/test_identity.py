@@ -1,5 +1,5 @@
-"""Block identities (`gemkernels.compress.identity`): the same in every process, blind to prompt-cache
-breakpoints at any depth, different whenever what a block says differs."""
+"""Block identities (`gemkernels.compress.identity`): stable ones the same in every process, both kinds blind to
+prompt-cache breakpoints at any depth and different whenever what a block says differs."""
 
 from __future__ import annotations
 
@@ -8,25 +8,30 @@ import os
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemkernels.compress.blocks import Span, parse_history
-from gemkernels.compress.identity import block_identity, feed, responses_identity
+from gemkernels.compress.identity import encode_into, frozen, local_digest, responses_said, said, stable_digest
 from gemkernels.testing.histories import synthetic_anthropic_history, synthetic_history, synthetic_responses_input
 
 IDENTITIES = """
 import json, sys
 from gemkernels.compress.blocks import parse_history
-from gemkernels.compress.identity import block_identity
+from gemkernels.compress.identity import said, stable_digest
 from gemkernels.testing.histories import synthetic_anthropic_history, synthetic_history
 for messages in (synthetic_history(12, seed=4), synthetic_anthropic_history(12, seed=4)):
     history = parse_history(messages)
-    print(json.dumps([block_identity(history.messages, span) for span in history.spans]))
+    print(json.dumps([stable_digest(said(history.messages, span)) for span in history.spans]))
 """
 
 
-def test_every_process_computes_the_same_identities():
+def block_identity(messages, span, digest=stable_digest) -> str:
+    return digest(said(messages, span))
+
+
+def test_every_process_computes_the_same_stable_identities():
     """Replicas sharing a store compare identities across processes: Python's salted hash() would differ."""
     outputs = set()
     for seed in ("1", "2", "random"):
@@ -38,14 +43,15 @@ def test_every_process_computes_the_same_identities():
     here = []
     for messages in (synthetic_history(12, seed=4), synthetic_anthropic_history(12, seed=4)):
         history = parse_history(messages)
-        here.append(json.dumps([block_identity(history.messages, span) for span in history.spans]))
+        here.append(json.dumps([stable_digest(said(history.messages, span)) for span in history.spans]))
     assert outputs == {"\n".join(here) + "\n"}
 
 
-def test_cache_breakpoints_at_any_depth_leave_the_identity_alone():
+@pytest.mark.parametrize("digest", [stable_digest, local_digest])
+def test_cache_breakpoints_at_any_depth_leave_the_identity_alone(digest):
     messages = synthetic_anthropic_history(6, seed=1)
     history = parse_history(messages)
-    before = [block_identity(messages, span) for span in history.spans]
+    before = [block_identity(messages, span, digest) for span in history.spans]
     marked = json.loads(json.dumps(messages))
     for message in marked[1:]:
         for part in message["content"]:
@@ -57,24 +63,26 @@ def test_cache_breakpoints_at_any_depth_leave_the_identity_alone():
         for part in message["content"]:
             if part["type"] == "tool_result":
                 part["content"] = [{"type": "text", "text": part["content"]}]
-    assert [block_identity(marked, span) for span in history.spans] == \
-        [block_identity(unmarked, span) for span in history.spans] != before  # a text part is not a string
+    assert [block_identity(marked, span, digest) for span in history.spans] == \
+        [block_identity(unmarked, span, digest) for span in history.spans] != before  # a text part: not a string
 
 
-def test_a_changed_output_or_argument_is_a_new_block():
+@pytest.mark.parametrize("digest", [stable_digest, local_digest])
+def test_a_changed_output_or_argument_is_a_new_block(digest):
     messages = synthetic_history(3, seed=2)
     history = parse_history(messages)
     span = history.spans[1]
-    base = block_identity(messages, span)
+    base = block_identity(messages, span, digest)
     changed = json.loads(json.dumps(messages))
     changed[span.positions[1]]["content"] += " "
-    assert block_identity(changed, span) != base
+    assert block_identity(changed, span, digest) != base
     changed = json.loads(json.dumps(messages))
     changed[span.positions[0]]["tool_calls"][0]["function"]["arguments"] = "{}"
-    assert block_identity(changed, span) != base
+    assert block_identity(changed, span, digest) != base
+    assert block_identity(json.loads(json.dumps(messages)), span, digest) == base  # equal, not the same objects
     items = synthetic_responses_input(3, seed=2)
     spans = parse_history(items).spans
-    assert len({responses_identity(items, s) for s in spans}) == len(spans)
+    assert len({digest(responses_said(items, s)) for s in spans}) == len(spans)
 
 
 json_values = st.recursive(
@@ -83,17 +91,17 @@ json_values = st.recursive(
     max_leaves=12)
 
 
-def fed(value) -> list[str]:
-    parts: list[str] = []
-    feed(parts, value)
-    return parts
+def encoded(value) -> str:
+    out: list[str] = []
+    encode_into(out, frozen(value))
+    return "".join(out)
 
 
 @settings(max_examples=300, deadline=None)
 @given(a=json_values, b=json_values)
-def test_two_values_feed_the_same_parts_only_when_they_are_equal(a, b):
-    """Without cache_control keys, ``feed`` is injective on JSON values (texts length-prefixed, containers
-    bracketed), so equal digests mean equal blocks up to a SHA-256 collision."""
+def test_two_values_encode_alike_only_when_they_are_equal(a, b):
+    """Without cache_control keys, the stable encoding is injective on JSON values (texts escaped and ended,
+    containers bracketed, numbers tagged), so equal digests mean equal blocks up to a SHA-256 collision."""
     def strip(value):
         if isinstance(value, dict):
             return {k: strip(v) for k, v in value.items() if k != "cache_control"}
@@ -101,11 +109,13 @@ def test_two_values_feed_the_same_parts_only_when_they_are_equal(a, b):
 
     a, b = strip(a), strip(b)
     same_json = json.dumps(a) == json.dumps(b)  # key order counts, as the client sent it
-    assert ("\x1f".join(fed(a)) == "\x1f".join(fed(b))) == same_json
+    assert (encoded(a) == encoded(b)) == same_json
 
 
 def test_identity_includes_the_call_ids():
     messages = synthetic_history(2, seed=3)
     history = parse_history(messages)
     span = history.spans[0]
-    assert block_identity(messages, span) != block_identity(messages, Span(span.positions, ("other",)))
+    for digest in (stable_digest, local_digest):
+        assert block_identity(messages, span, digest) != block_identity(messages, Span(span.positions, ("other",)),
+                                                                        digest)

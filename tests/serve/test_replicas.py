@@ -2,12 +2,14 @@
 a client sending each session's requests round-robin across them: every forwarded body equals what one in-memory
 proxy forwards, byte for byte; a replica killed with SIGKILL mid-load costs no wrong answer; Redis stopped
 mid-load leaves every request answered, forwarded as sent, the reason in the metrics, and compression resumes
-when it returns. ``--workers 2`` behaves as one process too."""
+when it returns. ``--workers 2`` behaves as one process too, its ``/metrics`` the whole server's."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -50,6 +52,30 @@ def by_session(fake: FakeUpstream) -> dict[str, list[bytes]]:
     for received in fake.received:
         out[json.loads(received.raw)["user"]].append(received.raw)
     return out
+
+
+def scrape(url: str) -> str:
+    """``/metrics`` over a new connection (any worker may answer)."""
+    with httpx.Client() as client:
+        return client.get(url + "/metrics").text
+
+
+def total(metrics: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` that have ``labels``, whatever their other labels (in any order)."""
+    found = re.findall(rf"^{re.escape(name)}(?:{{([^}}]*)}})? (\S+)$", metrics, re.M)
+    return sum(float(value) for sample_labels, value in found
+               if labels.items() <= dict(re.findall(r'(\w+)="([^"]*)"', sample_labels)).items())
+
+
+def workers_of(pid: int) -> list[int]:
+    """The worker processes of the supervisor ``pid``: its children but multiprocessing's resource tracker."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` started with."""
+    return dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
 
 
 def serve_args(upstream: str, store: str, *more: str, preset: str = PRESET) -> list[str]:
@@ -101,8 +127,7 @@ def test_three_replicas_forward_what_one_process_forwards_and_survive_a_sigkill(
         for name, bodies in single_process.items():
             assert forwarded[name] == bodies, name  # byte for byte, so no more prefix breaks than one process
         metrics = httpx.get(replicas[0].url + "/metrics").text
-        trips = float(re.search(r"^gem_store_round_trips (\S+)", metrics, re.M).group(1))
-        assert trips > 0
+        assert total(metrics, "gem_store_round_trips_total") > 0
     finally:
         for replica in replicas:
             replica.__exit__(None, None, None)
@@ -138,13 +163,45 @@ def test_two_workers_behave_as_one_process(redis_server, single_process, tmp_pat
     upstream = ServerThread(fake.app())
     with GemServeProcess(*serve_args(upstream.url, redis_server.url, "--workers", "2"),
                          log_path=str(tmp_path / "w.log")) as server:
-        children = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children").read_text().split()
-        assert len(children) >= 2  # the supervisor's workers (and multiprocessing's resource tracker)
+        workers = workers_of(server.process.pid)
+        assert len(workers) == 2
+        metrics_dir = environment_of(workers[0]).get("PROMETHEUS_MULTIPROC_DIR")
         for end in ENDS:
             for session in range(SESSIONS):
                 with httpx.Client() as client:  # a new connection each time: the kernel spreads them
                     assert send(server.url, session, end, "sk-workers", client).status_code == 200
+        sent = len(ENDS) * SESSIONS
+        for _ in range(6):  # whichever worker answers reports both
+            metrics = scrape(server.url)
+            assert total(metrics, "gem_requests_total") == sent
+            compressed = sent - total(metrics, "gem_requests_total", action="passthrough")
+            assert compressed > 0
+            assert total(metrics, "gem_store_round_trips_total") >= 2 * compressed  # a read and a save each
+        assert Path(metrics_dir).is_dir()  # the workers' multiprocess directory
     upstream.stop()
+    assert not Path(metrics_dir).exists()  # removed with the server
     forwarded = by_session(fake)
     for name, bodies in single_process.items():
         assert forwarded[name] == bodies, name
+
+
+def test_a_dead_workers_counts_stay_in_the_metrics_and_its_gauges_go(redis_server, tmp_path):
+    fake = FakeUpstream()
+    upstream = ServerThread(fake.app())
+    with GemServeProcess(*serve_args(upstream.url, redis_server.url, "--workers", "2"),
+                         log_path=str(tmp_path / "w.log")) as server:
+        for end in ENDS[:4]:
+            for session in range(SESSIONS):
+                with httpx.Client() as client:
+                    assert send(server.url, session, end, "sk-dead-worker", client).status_code == 200
+        assert total(scrape(server.url), "gem_sessions") > SESSIONS  # some sessions are held by both workers
+        victim = workers_of(server.process.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while victim in workers_of(server.process.pid) or len(workers_of(server.process.pid)) < 2:
+            assert time.monotonic() < deadline, "no worker replaced the dead one"
+            time.sleep(0.1)  # the supervisor marks the dead worker's metrics, then starts its replacement
+        metrics = scrape(server.url)
+        assert total(metrics, "gem_requests_total") == 4 * SESSIONS  # the dead worker's counts stay
+        assert total(metrics, "gem_sessions") <= SESSIONS  # the survivor's own: the dead worker's are gone
+    upstream.stop()
