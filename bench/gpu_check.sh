@@ -1,42 +1,86 @@
 #!/usr/bin/env bash
-# bench/gpu_check.sh OUTDIR [--cpu-smoke]
+# bench/gpu_check.sh OUTDIR [--cpu-smoke | --plan]
 #
-# A GPU session's whole check, bounded to GPU_CHECK_SECONDS (default 285 s: under 5 minutes on an H200).
-# Every stage runs under `timeout` with what is left of the budget (the report keeps a reserve), and each
-# sweep gets a --time-budget inside that, so results are written even when a stage runs long.
-#   1. python: the first of .venv/bin/python, python3, python that has torch with CUDA and triton;
-#      `pip install -e . --no-deps` only if `import gemkernels` fails (or finds another checkout).
-#   2. correctness: python -m pytest tests/select tests/kernels/test_kernels.py -x -q (every backend against the
-#      float64 reference on CUDA, bf16 included; the Gram kernel against float64).
-#   3. headline points (torch and every triton path, plus the -global greedy variants where n <= 256;
-#      python -m bench): S=4096 n=256 d=1024 b=16 bf16; then the Gram tile candidates at that shape
-#      (python -m bench.select_floor --only gram, into OUTDIR/floor/results.jsonl); S=256 n=4096 d=384 b=16
-#      bf16 and fp32; S=1024 n=256 d=1024 fp32.
-#   4. the --quick sweep.
-#   5. report: OUTDIR/results.md, throughput.png, roofline.png from all of OUTDIR/results.jsonl.
+# A GPU session's whole check in one run, bounded to GPU_CHECK_SECONDS (default 285 s: under 5 minutes on an
+# H200), measuring first: the plan below is printed with its caps, which add up inside the budget (the script
+# refuses to start otherwise). Every stage runs under `timeout` (SIGINT, so pytest and the sweeps still print what
+# they have) with min(its cap, what is left after the report's cap); a stage that fails or times out is noted and
+# the next one runs.
+#   setup:       the first of .venv/bin/python, python3, python with torch (CUDA) and triton; `pip install -e .
+#                --no-deps` only if `import gemkernels` fails (or finds another checkout); nvidia-smi; versions.
+#   targets:     both headline targets first, in one sweep (ceilings measured once; python -m bench.gpu_checks
+#                targets): S=4096 n=256 d=1024 bf16 (torch, every triton path, the -global variants), then
+#                S=256 n=4096 d=384 bf16 and fp32.
+#   correctness: pytest tests/select tests/kernels/test_kernels.py tests/kernels/test_kernel_arithmetic.py on CUDA,
+#                every failure listed (no -x).
+#   checks:      python -m bench.gpu_checks checks: each path 20 times on a small-tile batch (identical bits),
+#                agreement with torch and sampled sessions replayed through the float64 reference at the headline
+#                shapes, one stepwise call past 2^31 elements, a torch.profiler breakdown of one call, registers
+#                and spills of what ran from the JIT cache.
+#   memcheck, racecheck, synccheck: compute-sanitizer's tools on every path at tiny shapes (skipped, with a note,
+#                where compute-sanitizer is not installed).
+#   serving:     S=1024 n=256 d=1024 fp32 (with the -global variants).
+#   gram-tiles:  the Gram tile candidates at the headline shape (python -m bench.select_floor --only gram).
+#   report:      OUTDIR/results.md, throughput.png, roofline.png from OUTDIR/results.jsonl.
 # Set GEMKERNELS_GIT_COMMIT=<hash> when the tree has no .git, so the records name their commit.
 # Writes OUTDIR/{results.jsonl,results.md,throughput.png,roofline.png,gpu_check.log,floor/results.jsonl}; ends
-# with a summary (stages, the targets as ratios, the headline rows, the Gram tile rows). Exit status 1 if any
-# stage failed or timed out.
+# with a summary (each stage's status and time, the targets as ratios, the headline rows, the Gram tile rows).
+# Exit status 1 if any stage failed or timed out.
 #
-# --cpu-smoke runs the same plumbing without a GPU (tiny sizes, Triton's interpreter), to test this script.
+# --cpu-smoke runs the same plumbing without a GPU (tiny sizes, Triton's interpreter), to test this script;
+# --plan prints the plan and its budget and exits (0 when the caps fit the budget).
 
 set -uo pipefail
 
 if [ $# -lt 1 ]; then
-    echo "usage: bench/gpu_check.sh OUTDIR [--cpu-smoke]" >&2
+    echo "usage: bench/gpu_check.sh OUTDIR [--cpu-smoke | --plan]" >&2
     exit 2
 fi
-mkdir -p "$1" && OUT=$(cd "$1" && pwd)
+MODE=${2:-gpu}
+case $MODE in gpu | --cpu-smoke | --plan) ;; *) echo "unknown option $MODE" >&2; exit 2 ;; esac
 SMOKE=0
-[ "${2:-}" = "--cpu-smoke" ] && SMOKE=1
+[ "$MODE" = "--cpu-smoke" ] && SMOKE=1
+TOTAL=${GPU_CHECK_SECONDS:-285}
+
+# ---------------------------------------------------------------- the plan: stage, cap (s), what it measures
+PLAN=(
+    "setup 20 python, the package, nvidia-smi, versions"
+    "targets 75 S=4096 n=256 d=1024 bf16; S=256 n=4096 d=384 bf16+fp32 (one sweep, ceilings once)"
+    "correctness 55 pytest tests/select + kernel tests on CUDA, every failure listed"
+    "checks 45 races x20, agreement + float64 replay, past 2^31, profiler, JIT registers"
+    "memcheck 12 compute-sanitizer --tool memcheck, every path at tiny shapes"
+    "racecheck 12 compute-sanitizer --tool racecheck, the same"
+    "synccheck 10 compute-sanitizer --tool synccheck, the same"
+    "serving 20 S=1024 n=256 d=1024 fp32 (with -global)"
+    "gram-tiles 20 Gram tile candidates at the headline shape"
+    "report 15 results.md and the plots"
+)
+PLANNED=0
+print_plan() {
+    local line name cap
+    echo "plan (budget ${TOTAL} s):"
+    for line in "${PLAN[@]}"; do
+        read -r name cap rest <<<"$line"
+        printf '  %-12s %4d s  %s\n' "$name" "$cap" "$rest"
+    done
+    printf '  %-12s %4d s  (of %d s)\n' total "$PLANNED" "$TOTAL"
+}
+for line in "${PLAN[@]}"; do
+    read -r _ cap _ <<<"$line"
+    PLANNED=$((PLANNED + cap))
+done
+if [ "$MODE" = "--plan" ]; then
+    print_plan
+    [ "$PLANNED" -le "$TOTAL" ]
+    exit
+fi
+
+mkdir -p "$1" && OUT=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 
-TOTAL=${GPU_CHECK_SECONDS:-285}
-RESERVE=25  # seconds kept for the report stage
 T0=$(date +%s)
 SUMMARY=()
 FAILED=0
@@ -48,19 +92,31 @@ fi
 
 left() { echo $((TOTAL - ($(date +%s) - T0))); }
 log() { echo "[gpu_check +$(($(date +%s) - T0))s] $*"; }
+print_plan
+if [ "$PLANNED" -gt "$TOTAL" ]; then
+    log "the plan's caps add up to ${PLANNED} s, over the ${TOTAL} s budget"
+    exit 2
+fi
 
-# The seconds a stage may take: min(CAP, time left - RESERVE).
+# The seconds stage NAME may take: min(its cap, time left - the report's cap); the report itself gets what is left.
 stage_limit() {
-    local cap=$1 avail
-    avail=$(($(left) - RESERVE))
+    local name=$1 cap reserve line
+    for line in "${PLAN[@]}"; do
+        read -r stage c _ <<<"$line"
+        [ "$stage" = "$name" ] && cap=$c
+        [ "$stage" = report ] && reserve=$c
+    done
+    [ "$name" = report ] && reserve=0
+    local avail=$(($(left) - reserve))
     echo $((cap < avail ? cap : avail))
 }
 
-# run_stage NAME LIMIT CMD...: run CMD under `timeout LIMIT` (skipped under 10 s) and note how it went.
-run_stage() {
-    local name=$1 limit=$2 start rc took
-    shift 2
-    if [ "$limit" -lt 10 ]; then
+# stage NAME CMD...: run CMD under `timeout` (SIGINT first, then KILL) with stage_limit NAME (skipped under 5 s).
+stage() {
+    local name=$1 limit start rc took
+    shift
+    limit=$(stage_limit "$name")
+    if [ "$limit" -lt 5 ]; then
         log "stage $name skipped: $(left) s of the budget left"
         SUMMARY+=("$name: skipped (budget spent)")
         FAILED=1
@@ -68,7 +124,7 @@ run_stage() {
     fi
     log "== $name (limit ${limit} s): $*"
     start=$(date +%s)
-    timeout --kill-after=5 "$limit" "$@"
+    timeout --signal=INT --kill-after=5 "$limit" "$@"
     rc=$?
     took=$(($(date +%s) - start))
     if [ $rc -eq 0 ]; then
@@ -76,43 +132,28 @@ run_stage() {
         return
     fi
     FAILED=1
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        SUMMARY+=("$name: TIMED OUT after ${took} s")
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ] || [ $rc -eq 130 ]; then
+        SUMMARY+=("$name: TIMED OUT after ${took} s (limit ${limit} s)")
     else
         SUMMARY+=("$name: FAILED (exit $rc) after ${took} s")
     fi
 }
 
-# stage NAME CAP CMD...: run_stage with the limit stage_limit gives.
-stage() {
-    local name=$1 cap=$2
-    shift 2
-    run_stage "$name" "$(stage_limit "$cap")" "$@"
-}
-
-# bench_stage NAME CAP ARGS...: python -m bench into OUTDIR, with a time budget inside the stage's limit.
-bench_stage() {
-    local name=$1 limit
-    limit=$(stage_limit "$2")
-    shift 2
-    run_stage "$name" "$limit" "$PY" -m bench --out "$OUT" --no-plots --device "$DEVICE" \
-        --time-budget $((limit > 40 ? limit - 25 : limit / 2)) "$@" ${SMOKE_ARGS[@]+"${SMOKE_ARGS[@]}"}
-}
-
-# ---------------------------------------------------------------- 1. python and the package
-SMOKE_ARGS=()
+# ---------------------------------------------------------------- setup: python and the package
+SETUP_START=$(date +%s)
 if [ $SMOKE -eq 1 ]; then
     DEVICE=cpu
     export TRITON_INTERPRET=1
     NEEDS='import torch, triton'
-    SMOKE_ARGS=(--repeats 3)  # the interpreter takes about a second a call even at these sizes
+    SMOKE_ARGS=(--smoke)
 else
     DEVICE=cuda
     NEEDS='import torch, triton; assert torch.cuda.is_available()'
+    SMOKE_ARGS=()
 fi
 PY=""
 for candidate in "$REPO/.venv/bin/python" python3 python; do
-    if command -v "$candidate" >/dev/null 2>&1 && timeout 120 "$candidate" -c "$NEEDS" >/dev/null 2>&1; then
+    if command -v "$candidate" >/dev/null 2>&1 && timeout 60 "$candidate" -c "$NEEDS" >/dev/null 2>&1; then
         PY=$candidate
         break
     fi
@@ -142,36 +183,44 @@ fi
 log "machine:"
 timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit \
     --format=csv 2>/dev/null || echo "(no nvidia-smi)"
-timeout 60 "$PY" -c "import sys, numpy, torch, triton, gemkernels
+timeout 30 "$PY" -c "import sys, numpy, torch, triton, gemkernels
 print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, 'triton',
       triton.__version__, 'cuda', torch.version.cuda, 'device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
+SUMMARY+=("setup: done in $(($(date +%s) - SETUP_START)) s")
 
-# ---------------------------------------------------------------- 2. correctness
+# ---------------------------------------------------------------- the stages, in the plan's order
+stage targets "$PY" -m bench.gpu_checks targets "$OUT" --budget $(($(stage_limit targets) - 15)) \
+    ${SMOKE_ARGS[@]+"${SMOKE_ARGS[@]}"}
+
 if [ $SMOKE -eq 1 ]; then
-    stage correctness 120 "$PY" -m pytest tests/select/test_contract.py -x -q -p no:cacheprovider -k "numpy and random"
+    stage correctness "$PY" -m pytest tests/select/test_contract.py -q -p no:cacheprovider -k "numpy and random"
 else
-    stage correctness 120 "$PY" -m pytest tests/select tests/kernels/test_kernels.py -x -q -p no:cacheprovider
+    stage correctness "$PY" -m pytest tests/select tests/kernels/test_kernels.py tests/kernels/test_kernel_arithmetic.py \
+        -q -p no:cacheprovider -rf
 fi
 
-# ---------------------------------------------------------------- 3. headline points, gram tiles, quick sweep
-PATHS=(torch triton-gram triton-fused triton-stepwise)
-VARIANTS=(triton-gram-global triton-fused-global)  # the greedy state in global memory: A/B for the resident one
-if [ $SMOKE -eq 1 ]; then
-    HEAD=(-S 1 -n 8 -d 16) LONG=(-S 1 -n 32 -d 16) SERVE=(-S 2 -n 8 -d 16) QUICK=(-S 1 -n 8 16 -d 16)
-else
-    HEAD=(-S 4096 -n 256 -d 1024) LONG=(-S 256 -n 4096 -d 384) SERVE=(-S 1024 -n 256 -d 1024) QUICK=(--quick)
-fi
-TARGET=(--mode fixed -b 16 --point-seconds 2)  # about 2 s of timed runs a point
-bench_stage headline-bf16 60 "${HEAD[@]}" --dtype bf16 --backend "${PATHS[@]}" "${VARIANTS[@]}" "${TARGET[@]}"
-stage gram-tiles 40 "$PY" -m bench.select_floor --only gram --out "$OUT/floor"
-bench_stage long-history 45 "${LONG[@]}" --dtype bf16 fp32 --backend "${PATHS[@]}" "${TARGET[@]}"
-bench_stage serving-fp32 35 "${SERVE[@]}" --dtype fp32 --backend "${PATHS[@]}" "${VARIANTS[@]}" "${TARGET[@]}"
-bench_stage quick-sweep 60 "${QUICK[@]}" --backend "${PATHS[@]}"
+stage checks "$PY" -m bench.gpu_checks checks ${SMOKE_ARGS[@]+"${SMOKE_ARGS[@]}"}
 
-# ---------------------------------------------------------------- 5. report
-RESERVE=0
+for tool in memcheck racecheck synccheck; do
+    if command -v compute-sanitizer >/dev/null 2>&1 && [ $SMOKE -eq 0 ]; then
+        stage $tool compute-sanitizer --tool $tool --error-exitcode 1 "$PY" -m bench.gpu_checks tiny
+    else
+        log "stage $tool skipped: compute-sanitizer is not installed (or --cpu-smoke)"
+        SUMMARY+=("$tool: skipped (no compute-sanitizer)")
+    fi
+done
+
+if [ $SMOKE -eq 1 ]; then
+    SERVE=(-S 2 -n 8 -d 16 --repeats 3 --point-seconds 0.05)
+else
+    SERVE=(-S 1024 -n 256 -d 1024 --point-seconds 2)
+fi
+stage serving "$PY" -m bench --out "$OUT" --no-plots --device "$DEVICE" "${SERVE[@]}" --dtype fp32 --mode fixed \
+    -b 16 --backend torch triton-gram triton-fused triton-stepwise triton-gram-global triton-fused-global
+stage gram-tiles "$PY" -m bench.select_floor --only gram --out "$OUT/floor"
+
 if [ -s "$OUT/results.jsonl" ]; then
-    stage report 25 "$PY" -m bench --out "$OUT" --report-only
+    stage report "$PY" -m bench --out "$OUT" --report-only
 else
     SUMMARY+=("report: nothing to report (no results.jsonl)")
     FAILED=1

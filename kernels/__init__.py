@@ -9,7 +9,7 @@ on chip), ``greedy_fused`` (the same greedy with its state in global memory, for
 registers), ``greedy_stepwise`` (one launch per step: pivot + Gram-Schmidt basis growth, then the residual update
 over per-session row tiles), ``greedy_exact`` (the sessions the resident and fused greedies hand back at a
 near-dependent pivot, selected again by explicit Gram-Schmidt) and ``launch`` (the buffers the greedy launchers
-share).
+share, and the one pinned copy that takes a launch's host arrays to the device).
 
 numba (CPU), used by the numba backend: ``greedy_cpu`` (the numpy backend's lazy pivoted Cholesky, compiled,
 one session per call, releasing the GIL).

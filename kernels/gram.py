@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import upload
+
 
 @triton.jit
 def normalised_tile(x_ptr, inv_norm_ptr, start, rows, cols, n, d, stride_x, BLOCK_M: tl.constexpr,
@@ -22,7 +24,7 @@ def normalised_tile(x_ptr, inv_norm_ptr, start, rows, cols, n, d, stride_x, BLOC
     Rows past the session wrap around (``% n``, as in Triton's matmul tutorial) instead of being masked, so
     the loads are unmasked when ``EVEN_K`` (BLOCK_K divides d); their zero scale drops them."""
     ks = tl.arange(0, BLOCK_K)
-    x_ptr += start.to(tl.int64) * stride_x  # the session's rows; offsets inside it fit int32 (n d < 2^31)
+    x_ptr += start * stride_x  # the session's rows (start: int64); offsets inside it fit int32 (n d < 2^31)
     a_ptr = x_ptr + (rows % n)[:, None] * stride_x + ks[None, :]  # BLOCK_M x BLOCK_K
     b_ptr = x_ptr + (cols % n)[None, :] * stride_x + ks[:, None]  # BLOCK_K x BLOCK_M: X^T's tile
     acc = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
@@ -38,7 +40,18 @@ def normalised_tile(x_ptr, inv_norm_ptr, start, rows, cols, n, d, stride_x, BLOC
         b_ptr += BLOCK_K
     scale_r = tl.load(inv_norm_ptr + start + rows, mask=rows < n, other=0.0)
     scale_c = tl.load(inv_norm_ptr + start + cols, mask=cols < n, other=0.0)
-    return acc * scale_r[:, None] * scale_c[None, :]
+    # one symmetric factor s_i s_j (as `pivot.gram_row_chunk` scales): (acc s_i) s_j and (acc s_j) s_i can differ
+    # by an ulp, which would make an on-chip G asymmetric
+    return acc * (scale_r[:, None] * scale_c[None, :])
+
+
+@triton.jit
+def entry_offsets(rows, cols, n):
+    """Offsets of ``G[rows[i], cols[j]]`` and of its mirror ``G[cols[j], rows[i]]`` in a row-major n x n matrix,
+    both [len(rows), len(cols)], int64: n^2 passes 2^31 from n = 46,341."""
+    rows64 = rows.to(tl.int64)[:, None]
+    cols64 = cols.to(tl.int64)[None, :]
+    return rows64 * n + cols64, cols64 * n + rows64
 
 
 @triton.jit
@@ -48,8 +61,8 @@ def gram_kernel(x_ptr, inv_norm_ptr, offsets_ptr, gram_offsets_ptr, tile_session
     """Program ``i`` writes one BLOCK_M x BLOCK_M tile of one session's Gram matrix and its mirror image."""
     pid = tl.program_id(0)
     s = tl.load(tile_session_ptr + pid)
-    start = tl.load(offsets_ptr + s).to(tl.int32)
-    n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
+    start = tl.load(offsets_ptr + s)  # int64: a batch may pass 2^31 rows
+    n = (tl.load(offsets_ptr + s + 1) - start).to(tl.int32)
     rows = tl.load(tile_row_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.load(tile_col_ptr + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = normalised_tile(x_ptr, inv_norm_ptr, start, rows, cols, n, d, stride_x, BLOCK_M, BLOCK_K, EVEN_K,
@@ -58,8 +71,9 @@ def gram_kernel(x_ptr, inv_norm_ptr, offsets_ptr, gram_offsets_ptr, tile_session
     # are stored twice, a diagonal tile's lower half is its upper half mirrored (exactly symmetric)
     gram_ptr += tl.load(gram_offsets_ptr + s)
     inside = (rows < n)[:, None] & (cols < n)[None, :]
-    tl.store(gram_ptr + rows[:, None] * n + cols[None, :], acc, mask=inside & (cols[None, :] >= rows[:, None]))
-    tl.store(gram_ptr + cols[None, :] * n + rows[:, None], acc, mask=inside & (cols[None, :] > rows[:, None]))
+    entry, mirror = entry_offsets(rows, cols, n)
+    tl.store(gram_ptr + entry, acc, mask=inside & (cols[None, :] >= rows[:, None]))
+    tl.store(gram_ptr + mirror, acc, mask=inside & (cols[None, :] > rows[:, None]))
 
 
 def input_precision(dtype: torch.dtype) -> str:
@@ -68,8 +82,9 @@ def input_precision(dtype: torch.dtype) -> str:
 
 
 #: Tile candidates (BLOCK_M, BLOCK_K, warps, stages) for tuning on a GPU (`bench.select_floor --only gram`); each
-#: compiles for sm_90 without register spills (tests/compile_kernels.py). The first is `ragged_gram`'s default.
-TILE_CANDIDATES = ((64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 4), (128, 32, 8, 3), (128, 32, 8, 4))
+#: compiles for sm_90 without register spills (tests/compile_kernels.py; 64 x 64 with 3 or 4 stages spills in fp32
+#: once d is specialised as aligned). The first is `ragged_gram`'s default.
+TILE_CANDIDATES = ((64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 2), (128, 32, 8, 3), (128, 32, 8, 4))
 
 
 def gram_plan(lengths: np.ndarray, block_m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -95,10 +110,10 @@ def ragged_gram(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, 
     gram_offsets, tile_session, tile_row, tile_col = gram_plan(lengths, block_m)
     device = x.device
     gram = torch.empty(int((np.asarray(lengths, dtype=np.int64) ** 2).sum()), dtype=torch.float32, device=device)
-    gram_offsets_t = torch.as_tensor(gram_offsets, device=device)
+    gram_offsets_t, tile_session_t, tile_row_t, tile_col_t = upload(device, gram_offsets, tile_session, tile_row,
+                                                                     tile_col)
     gram_kernel[(len(tile_session),)](
-        x, inv_norm, offsets, gram_offsets_t, torch.as_tensor(tile_session, device=device),
-        torch.as_tensor(tile_row, device=device), torch.as_tensor(tile_col, device=device), gram,
+        x, inv_norm, offsets, gram_offsets_t, tile_session_t, tile_row_t, tile_col_t, gram,
         x.shape[1], x.stride(0), BLOCK_M=block_m, BLOCK_K=block_k, EVEN_K=x.shape[1] % block_k == 0,
         INPUT_PRECISION=input_precision(x.dtype), num_warps=num_warps, num_stages=num_stages,
     )

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .launch import session_basis
-from .pivot import choose_exact, downdate_rows, normalise, session_scalars
+from .pivot import adds_direction, choose_exact, coverage_of, downdate_rows, normalise, session_scalars
 
 #: Programs of a launch, at most: each keeps one explicit basis (width x d fp32) in scratch, so they bound its
 #: memory; handed-back sessions are rare.
@@ -65,9 +65,10 @@ def greedy_exact_kernel(
                     tl.store(selection_ptr + t, pivot.to(tl.int64))
                     tl.store(candidate_ptr + start + pivot, tl.zeros([], tl.int8))
                     t += 1
-                    if r_exact > eps:
+                    if adds_direction(r_exact, eps):
                         q_ptr = basis + directions * d
                         normalise(q_ptr, r_exact, d, BLOCK_D)
+                        residual_sum = 0.0
                         for c0 in range(0, n, BLOCK_N):
                             local = c0 + rows
                             residual_sum += downdate_rows(x_ptr, inv_norm_ptr, residuals_ptr, start, local, local < n,
@@ -75,7 +76,7 @@ def greedy_exact_kernel(
                         directions += 1
                     tl.debug_barrier()  # this step's stores before the next pivot's loads
             tl.store(counts_ptr + s, t.to(tl.int64))
-            tl.store(coverage_ptr + s, 1.0 - residual_sum / n)
+            tl.store(coverage_ptr + s, coverage_of(residual_sum, n))
 
 
 def greedy_exact(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tensor, protected_idx: torch.Tensor,

@@ -17,7 +17,15 @@ import triton.language as tl
 
 from .gram import input_precision, normalised_tile
 from .launch import greedy_outputs
-from .pivot import NEAR_DEPENDENCE, gram_row_chunk, session_scalars, should_stop
+from .pivot import (
+    NEAR_DEPENDENCE,
+    adds_direction,
+    coverage_of,
+    gram_row_chunk,
+    inverse_sqrt,
+    session_scalars,
+    should_stop,
+)
 
 
 @triton.jit(do_not_specialize=["width"])
@@ -64,19 +72,19 @@ def greedy_resident_kernel(
             tl.store(indices_ptr + s.to(tl.int64) * width + t, pivot.to(tl.int64))
             candidate = candidate & (rows != pivot)
             t += 1
-            if r_pivot > eps:
+            if adds_direction(r_pivot, eps):
                 if SOURCE == "chip":
                     g = tl.sum(tl.where(at_pivot[:, None], gram, 0.0), axis=0)
                 else:
                     g = gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, 0, d, stride_x,
                                        SOURCE == "gram", BLOCK_N, BLOCK_D)
                 c_pivot = tl.sum(tl.where(at_pivot[None, :], projections, 0.0), axis=1)  # C[:, pivot]
-                e = (g - tl.sum(c_pivot[:, None] * projections, axis=0)) / tl.sqrt(r_pivot)
+                e = (g - tl.sum(c_pivot[:, None] * projections, axis=0)) * inverse_sqrt(r_pivot)
                 e = tl.where(m, e, 0.0)
                 projections = tl.where(slots[:, None] == directions, e[None, :], projections)
                 residuals = tl.maximum(residuals - e * e, 0.0)
                 directions += 1
-                coverage = 1.0 - tl.sum(residuals, axis=0) / n
+                coverage = coverage_of(tl.sum(residuals, axis=0), n)
     tl.store(residuals_ptr + start + rows, residuals, mask=m)
     tl.store(counts_ptr + s, t.to(tl.int64))
     tl.store(coverage_ptr + s, coverage)
@@ -95,14 +103,15 @@ def resident_blocks(n_max: int, width: int, source: str) -> tuple[int, int, int,
 
     One warp per 32 rows, and enough warps (4 to 16) that a thread holds at most 32 projections of C
     (16 when the step also streams an X tile) and 64 entries of an on-chip G; an X tile holds 16
-    elements a thread (BLOCK_D: its width; for "chip" the K step of the Gram product). That keeps
-    ptxas under its register limit without spills (tests/compile_kernels.py reports both)."""
+    elements a thread (BLOCK_D: its width; for "chip" the K step of the Gram product, 16: at 32 the fp32 product
+    of 64 rows spills once the JIT specialises an aligned d). That keeps ptxas under its register limit without
+    spills (tests/compile_kernels.py reports both)."""
     block_n = triton.next_power_of_2(max(n_max, 16))
     block_w = triton.next_power_of_2(max(width, 1))
     per_thread = 16 if source == "x" else 32
     gram_warps = block_n * block_n // (32 * 64) if source == "chip" else 0
     num_warps = max(4, min(16, max(block_n // 32, block_n * block_w // (32 * per_thread), gram_warps)))
-    block_d = 32 if source == "chip" else max(8, min(64, 512 * num_warps // block_n))
+    block_d = 16 if source == "chip" else max(8, min(64, 512 * num_warps // block_n))
     return block_n, block_w, block_d, num_warps
 
 

@@ -1,5 +1,6 @@
 """Host-side pieces the greedy launchers share: the buffers a greedy kernel fills."""
 
+import numpy as np
 import torch
 
 
@@ -18,6 +19,36 @@ def greedy_outputs(sessions: int, rows: int, width: int, device: torch.device, g
 
 
 def session_basis(count: int, width: int, d: int, device: torch.device) -> torch.Tensor:
-    """Uninitialised fp32 scratch for ``count`` explicit d-space bases of ``width`` rows of d (the stepwise greedy's,
-    one a session; the exact greedy's, one a program)."""
+    """Uninitialised fp32 scratch for ``count`` explicit d-space bases of ``width`` rows of d (the exact greedy's, one
+    a program, each taking whichever session comes)."""
     return torch.empty(count * max(width, 1) * d, dtype=torch.float32, device=device)
+
+
+def session_blocks(capacities: np.ndarray, sizes: np.ndarray | int) -> tuple[np.ndarray, int]:
+    """(S,) int64 offsets of each session's packed block of capacity_s x size_s fp32 values, and their total: scratch
+    sized by each session's own capacity (its directions at most), not by the widest session's times all rows."""
+    blocks = np.asarray(capacities, dtype=np.int64) * np.asarray(sizes, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(np.int64), int(blocks.sum())
+
+
+#: Alignment of each array in `upload`'s buffer, in bytes (as the JIT's divisibility marks expect).
+UPLOAD_ALIGN = 16
+
+
+def upload(device: torch.device, *arrays: np.ndarray) -> list[torch.Tensor]:
+    """The host arrays on ``device`` (dtypes and shapes kept) through one staging buffer and one copy, pinned and
+    ``non_blocking`` on CUDA: a copy from pageable memory would wait for the stream, so a call that uploads this
+    way neither blocks nor synchronises (and can be captured in a CUDA graph). The tensors are writable views of
+    one device buffer, each at a 16-byte boundary."""
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    starts, size = [], 0
+    for a in arrays:
+        starts.append(size)
+        size += -(-a.nbytes // UPLOAD_ALIGN) * UPLOAD_ALIGN
+    host = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    staged = host.numpy()
+    for a, start in zip(arrays, starts):
+        staged[start:start + a.nbytes] = a.reshape(-1).view(np.uint8)
+    buffer = host.to(device, non_blocking=True)
+    return [buffer[start:start + a.nbytes].view(torch.from_numpy(np.empty(0, a.dtype)).dtype).view(a.shape)
+            for a, start in zip(arrays, starts)]

@@ -20,16 +20,40 @@ import triton.language as tl
 NEAR_DEPENDENCE = tl.constexpr(float(32 * np.sqrt(np.finfo(np.float32).eps)))
 #: Basis rows a Gram-Schmidt pass of `orthogonal_component` projects out at once.
 BASIS_TILE = tl.constexpr(16)
+#: fp32's smallest normal number: a residual below it adds no direction whatever eps is (a GPU flushes such a
+#: denormal to zero, and 1/sqrt of it would be inf, then NaN).
+SMALLEST_NORMAL = tl.constexpr(float(np.finfo(np.float32).tiny))
 
 
 @triton.jit
 def session_scalars(s, offsets_ptr, protected_offsets_ptr, tau_ptr, capacity_ptr):
-    """Session ``s``'s (first row, rows, first protected entry, protected count, tau, capacity)."""
-    start = tl.load(offsets_ptr + s).to(tl.int32)
-    n = tl.load(offsets_ptr + s + 1).to(tl.int32) - start
-    p_start = tl.load(protected_offsets_ptr + s).to(tl.int32)
-    num_protected = tl.load(protected_offsets_ptr + s + 1).to(tl.int32) - p_start
+    """Session ``s``'s (first row, rows, first protected entry, protected count, tau, capacity); the first row and
+    the first protected entry stay int64 (a batch may pass 2^31 rows), the counts are int32."""
+    start = tl.load(offsets_ptr + s)
+    n = (tl.load(offsets_ptr + s + 1) - start).to(tl.int32)
+    p_start = tl.load(protected_offsets_ptr + s)
+    num_protected = (tl.load(protected_offsets_ptr + s + 1) - p_start).to(tl.int32)
     return start, n, p_start, num_protected, tl.load(tau_ptr + s), tl.load(capacity_ptr + s)
+
+
+@triton.jit
+def adds_direction(r_pivot, eps):
+    """Whether a pivot of residual ``r_pivot`` is independent (DESIGN.md §1): ``r_pivot > eps``, and never below
+    `SMALLEST_NORMAL`, so that the divisor of `inverse_sqrt` is a positive normal number even with eps = 0."""
+    return r_pivot > tl.maximum(eps, SMALLEST_NORMAL)
+
+
+@triton.jit
+def inverse_sqrt(r):
+    """``1 / sqrt(r)`` correctly rounded twice (``sqrt.rn``, ``div.rn``; ``tl.sqrt`` and ``/`` compile to
+    approximations), for ``r`` a positive normal fp32 number: one per step, the pivot's scale."""
+    return tl.div_rn(1.0, tl.sqrt_rn(r))
+
+
+@triton.jit
+def coverage_of(residual_sum, n):
+    """``1 - residual_sum / n`` with an IEEE division: a session's coverage from the sum of its residuals."""
+    return 1.0 - tl.div_rn(residual_sum, n.to(tl.float32))
 
 
 @triton.jit
@@ -136,9 +160,9 @@ def orthogonal_component(x_ptr, inv_norm_ptr, start, row, stride_x, basis_ptr, m
 
 @triton.jit
 def normalise(w_ptr, norm_sq, d, BLOCK_D: tl.constexpr):
-    """Scales the d values at ``w_ptr`` (squared norm ``norm_sq`` > 0) to a unit vector."""
+    """Scales the d values at ``w_ptr`` (squared norm ``norm_sq``, which `adds_direction`) to a unit vector."""
     cols = tl.arange(0, BLOCK_D)
-    inv = 1.0 / tl.sqrt(norm_sq)
+    inv = inverse_sqrt(norm_sq)
     for d0 in range(0, d, BLOCK_D):
         cm = d0 + cols < d
         tl.store(w_ptr + d0 + cols, tl.load(w_ptr + d0 + cols, mask=cm, other=0.0) * inv, mask=cm)
@@ -161,7 +185,7 @@ def choose_exact(x_ptr, inv_norm_ptr, residuals_ptr, exact_ptr, candidate_ptr, p
     while choosing != 0:
         pivot, forced, best = pick_pivot(residuals_ptr, candidate_ptr, protected_idx_ptr, start, n, t, num_protected,
                                          BLOCK_N)
-        stopped = should_stop(forced, best, t, capacity, 1.0 - residual_sum / n, tau, eps)
+        stopped = should_stop(forced, best, t, capacity, coverage_of(residual_sum, n), tau, eps)
         choosing = t * 0
         if stopped == 0:
             r_exact = orthogonal_component(x_ptr, inv_norm_ptr, start, pivot, stride_x, basis_ptr, directions, d,
@@ -176,7 +200,7 @@ def choose_exact(x_ptr, inv_norm_ptr, residuals_ptr, exact_ptr, candidate_ptr, p
                 if forced == 0:
                     moved = pick_pivot(residuals_ptr, candidate_ptr, protected_idx_ptr, start, n, t, num_protected,
                                        BLOCK_N)[0] != pivot
-                    choosing = ((r_exact <= eps) | (stale & moved)).to(tl.int32)
+                    choosing = ((adds_direction(r_exact, eps) == 0) | (stale & moved)).to(tl.int32)
     return pivot, stopped, r_exact, residual_sum
 
 
@@ -184,10 +208,11 @@ def choose_exact(x_ptr, inv_norm_ptr, residuals_ptr, exact_ptr, candidate_ptr, p
 def downdate_rows(x_ptr, inv_norm_ptr, residuals_ptr, start, local, m, q_ptr, d, stride_x, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr):
     """``r_i <- max(r_i - (q . x_i / ||x_i||)^2, 0)`` for the session rows ``local`` where ``m`` (``q``: a unit basis
-    row); returns the change of their residual sum."""
+    row); returns the sum of their new residuals (a session's residual sum is the sum of these, not a running sum
+    of changes, so it does not drift)."""
     e = row_dots(x_ptr, start, local, m, q_ptr, d, stride_x, BLOCK_N, BLOCK_D) * tl.load(
         inv_norm_ptr + start + local, mask=m, other=0.0)
     r = tl.load(residuals_ptr + start + local, mask=m, other=0.0)
     r_new = tl.maximum(r - e * e, 0.0)
     tl.store(residuals_ptr + start + local, r_new, mask=m)
-    return tl.sum(tl.where(m, r_new - r, 0.0), axis=0)
+    return tl.sum(tl.where(m, r_new, 0.0), axis=0)

@@ -12,7 +12,7 @@ pytest.importorskip("hypothesis")
 from helpers import KernelSpy  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from select_helpers import backend_marks  # noqa: E402
+from select_helpers import HAS_CUDA, backend_marks  # noqa: E402
 
 pytestmark = backend_marks("triton")
 
@@ -39,6 +39,8 @@ def test_ragged_gram_matches_float64_and_is_symmetric(dtype, block_k):
 
     from gemkernels.select.backends.triton_backend import kernel_device
 
+    if block_k < 16 and HAS_CUDA:
+        pytest.skip("tl.dot takes K >= 16 when compiled; BLOCK_K 8 runs in the interpreter only")
     rng = np.random.default_rng(3)
     lengths = np.array([1, 17, 40, 33])
     d = 24
@@ -106,7 +108,7 @@ def test_gram_on_chip_matches_numpy(d, monkeypatch, triton_options):
     ps = [[7, 63], [0], [], [32]]
     sels = gk.select_batch(xs, protected=ps, tau=0.99, k=12, backend="triton")
     base = gk.select_batch(xs, protected=ps, tau=0.99, k=12, backend="numpy")
-    assert [(c["SOURCE"], c["EVEN_D"]) for _, c in launched] == [("chip", d % 32 == 0)]
+    assert [(c["SOURCE"], c["EVEN_D"]) for _, c in launched] == [("chip", d % 16 == 0)]
     for a, b in zip(sels, base):
         assert a.indices.tolist() == b.indices.tolist()
         np.testing.assert_allclose(a.residuals, b.residuals, atol=2e-6)
@@ -125,10 +127,22 @@ def test_resident_greedy_refuses_sessions_it_cannot_hold():
         greedy_resident(x, *[None] * 7, eps=1e-6, width=16, lengths=np.array([30]), source="gram")
 
 
+def test_fused_greedy_refuses_coordinates_past_int32():
+    """A session whose capacity x rows reaches 2^31 would wrap the fused greedy's int32 offsets inside its C."""
+    from gemkernels.kernels.greedy_fused import greedy_fused
+
+    from gemkernels.select.backends.triton_backend import kernel_device
+
+    x = torch.zeros(4, 8, device=kernel_device())
+    with pytest.raises(ValueError, match="capacity x rows < 2\\^31.*path='stepwise'"):
+        greedy_fused(x, *[torch.zeros(2, device=kernel_device())] * 7, eps=1e-6, width=16,
+                     lengths=np.array([3, 2 ** 27]), capacities=np.array([3, 16]))
+
+
 def test_warm_up_launches_one_variant_per_row_bucket(monkeypatch):
-    """Sessions of 16, 32 and 64 rows in 24 dimensions, alone and in a batch of two: gram (G computed on chip) while
-    n <= d, then passes over X; the register-resident greedy each time, with the row tile of that bucket and a step
-    tile for k. Without a GPU nothing compiles ahead, so nothing runs."""
+    """Sessions of 16, 32 and 64 rows in 24 dimensions, alone and in a batch of two: gram with G computed on chip
+    (X read once in two launches, `path_costs`), the register-resident greedy each time, with the row tile of that
+    bucket and a step tile for k. Without a GPU nothing compiles ahead, so nothing runs."""
     from gemkernels.kernels import greedy_resident
 
     from gemkernels.select.api import warm_up
@@ -141,11 +155,55 @@ def test_warm_up_launches_one_variant_per_row_bucket(monkeypatch):
                         KernelSpy(greedy_resident.greedy_resident_kernel, "greedy_resident", launched))
     assert warm_up("triton", 24, k=5, max_rows=40) == [(16, 5), (32, 5), (64, 5)]
     assert [(c["BLOCK_N"], c["BLOCK_W"], c["SOURCE"]) for _, c in launched] == [
-        (16, 8, "chip"), (16, 8, "chip"), (32, 8, "x"), (32, 8, "x"), (64, 8, "x"), (64, 8, "x")]
-    assert [triton_backend.choose_path(np.array([n]), 24) for n in (16, 32, 64)] == ["gram", "fused", "fused"]
+        (16, 8, "chip"), (16, 8, "chip"), (32, 8, "chip"), (32, 8, "chip"), (64, 8, "chip"), (64, 8, "chip")]
+    assert [triton_backend.choose_path(np.array([n]), 24) for n in (16, 32, 64)] == ["gram"] * 3
     launched.clear()
     assert warm_up("triton", 24, k=None, max_rows=16) == [(16, 16)]  # k = n: the step tile follows the rows
     assert [(c["BLOCK_N"], c["BLOCK_W"]) for _, c in launched] == [(16, 16)] * 2
+
+
+#: (S, n, d, itemsize): the path `choose_path` takes, and the fused and stepwise estimates by hand.
+HEADLINE_RULES = [((4096, 256, 1024, 2), "gram"), ((256, 4096, 384, 2), "stepwise"), ((256, 4096, 384, 4), "stepwise"),
+                  ((1024, 256, 1024, 4), "gram"), ((2048, 2048, 384, 2), "gram"), ((2048, 2048, 384, 4), "stepwise"),
+                  ((16, 8192, 384, 2), "stepwise"), ((4096, 64, 1024, 2), "gram")]
+
+
+@pytest.mark.parametrize("shape,path", HEADLINE_RULES)
+def test_shape_rule_follows_bytes_and_occupancy(shape, path):
+    """The paths `choose_path` takes at the headline and neighbouring shapes (b = 16; DESIGN.md §1.1's table), and
+    the estimates it takes them from, worked out here by hand: fused and stepwise both make 16 passes over X, but
+    fused runs one program a session, and 256 sessions keep 256 / (4 x 132) of an H100's HBM stream busy (S=256,
+    n=4096, d=384 went to fused: about 7 ms against 3.4); gram moves X once and G (4 n^2 a session), fewer bytes
+    than 16 passes in bf16 up to n = 7.5 d, but its fp32 product runs on CUDA cores."""
+    from gemkernels.select.backends import triton_backend as tb
+
+    sessions, n, d, itemsize = shape
+    lengths = np.full(sessions, n)
+    costs = tb.path_costs(lengths, d, itemsize, steps=16)
+    assert tb.choose_path(lengths, d, itemsize, steps=16) == path
+    passes = 16 * sessions * n * d * itemsize
+    coords = 2 * 16 ** 2 * sessions * n if n > 256 else 0
+    fill = tb.PROGRAMS_PER_SM * tb.DEFAULT_SMS
+    fused = (passes + coords) / (tb.HBM_BYTES_PER_S * min(1, sessions / fill)) + 2 * tb.LAUNCH_S
+    tiles = sessions * -(-n // 128)
+    stepwise = passes / (tb.HBM_BYTES_PER_S * min(1, tiles / fill)) + 33 * tb.LAUNCH_S
+    assert costs["fused"].seconds == pytest.approx(fused) and costs["stepwise"].seconds == pytest.approx(stepwise)
+    assert costs["stepwise"].launches == 33 and costs["fused"].launches == 2
+    assert costs[path].seconds == min(c.seconds for c in costs.values())
+
+
+def test_shape_rule_leaves_out_what_a_batch_cannot_take():
+    """No gram path for a session whose own G passes GRAM_MAX_BYTES or whose n x d passes int32 offsets; fused only
+    once its sessions fill the GPU, where it saves stepwise's 2b launches."""
+    from gemkernels.select.backends import triton_backend as tb
+
+    assert "gram" not in tb.path_costs(np.array([25_000]), 16)  # 4 n^2 = 2.5 GB
+    assert "gram" not in tb.path_costs(np.array([2 ** 21]), 1024)
+    assert "fused" not in tb.path_costs(np.array([2 ** 27]), 16, steps=16)  # b x n = 2^31: int32 offsets in C
+    assert "fused" in tb.path_costs(np.array([2 ** 27 - 1]), 16, steps=16)
+    few, many = np.full(8, 200), np.full(20_000, 200)
+    assert tb.path_costs(few, 4096, 2)["stepwise"].seconds < tb.path_costs(few, 4096, 2)["fused"].seconds
+    assert tb.path_costs(many, 4096, 2)["fused"].seconds < tb.path_costs(many, 4096, 2)["stepwise"].seconds
 
 
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.integers(1, 8000))
@@ -250,3 +308,110 @@ def test_exact_greedy_programs_stride_over_the_sessions(monkeypatch, triton_opti
     for a, b in zip(sels, base):
         assert a.indices.tolist() == b.indices.tolist()
         assert a.coverage == pytest.approx(b.coverage, abs=2e-6)
+
+
+@pytest.mark.parametrize("path", ["fused", "stepwise"])
+def test_scratch_is_sized_by_each_sessions_capacity(path, monkeypatch, triton_options):
+    """The global greedy's coordinates C and the stepwise bases take capacity_s x n_s (x d) values a session, not the
+    widest session's capacity times every row: here one session of 60 rows protects 12 and caps the width at 12,
+    the other sessions take 3 steps each (or fewer rows). The answers stay those of the numpy backend."""
+    from gemkernels.kernels import greedy_fused, greedy_stepwise
+
+    import gemkernels as gk
+    from gemkernels.select.backends import triton_backend
+
+    triton_options(triton_backend.TritonOptions(path=path, resident=False, block_n=16, block_d=16, block_w=4,
+                                                pivot_block_d=16))
+    module = greedy_fused if path == "fused" else greedy_stepwise
+    sizes = []
+    blocks = module.session_blocks
+
+    def spy(capacities, per_session):
+        sizes.append((np.asarray(capacities).tolist(), np.broadcast_to(per_session, len(capacities)).tolist()))
+        return blocks(capacities, per_session)
+
+    monkeypatch.setattr(module, "session_blocks", spy)
+    rng = np.random.default_rng(31)
+    lengths = (60, 2, 300, 45)
+    xs = [rng.standard_normal((n, 20)).astype(np.float32) for n in lengths]
+    ps = [list(range(0, 60, 5)), [], [7], [1]]
+    sels = gk.select_batch(xs, protected=ps, tau=1.0, k=3, backend="triton")
+    base = gk.select_batch(xs, protected=ps, tau=1.0, k=3, backend="numpy")
+    for a, b in zip(sels, base):
+        assert a.indices.tolist() == b.indices.tolist()
+        assert a.coverage == pytest.approx(b.coverage, abs=2e-6)
+    assert sizes == [([12, 2, 3, 3], list(lengths) if path == "fused" else [20] * 4)]
+    per_session = np.array(sizes[0][0]) * np.array(sizes[0][1])
+    assert per_session.sum() < 0.5 * 12 * np.array(lengths if path == "fused" else [20] * 4).sum()  # width 12
+
+
+@given(st.lists(st.tuples(st.sampled_from(["int64", "int32", "int8", "float32"]), st.integers(0, 37)), max_size=8),
+       st.integers(0, 2 ** 32 - 1))
+def test_upload_keeps_every_array_in_one_aligned_buffer(specs, seed):
+    """The per-call host arrays reach the device as they were (dtype, shape, values), each at a 16-byte boundary of
+    one buffer (one copy), none overlapping another."""
+    from gemkernels.kernels.launch import upload
+
+    from gemkernels.select.backends.triton_backend import kernel_device
+
+    rng = np.random.default_rng(seed)
+    arrays = [(rng.standard_normal(size) * 100).astype(dtype) for dtype, size in specs]
+    tensors = upload(kernel_device(), *arrays)
+    assert len(tensors) == len(arrays)
+    for a, t in zip(arrays, tensors):
+        assert t.device.type == kernel_device().type and str(t.dtype) == f"torch.{a.dtype}"
+        np.testing.assert_array_equal(t.cpu().numpy(), a)
+        assert t.data_ptr() % 16 == 0
+    if tensors:
+        assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+    for t in tensors:  # writable, and no view reaches into another's bytes
+        t.fill_(0)
+    for a, t in zip(arrays, tensors):
+        assert not t.any(), a
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("path", ["gram", "fused", "stepwise"])
+def test_a_call_can_be_captured_in_a_cuda_graph(path, triton_options):
+    """The backend's work for one batch makes no blocking copy and no stream synchronisation (its host arrays go up
+    in one pinned, non-blocking copy), so it can be captured in a CUDA graph; replayed, the graph gives the answer
+    of a call made outside it."""
+    import gemkernels as gk
+    from gemkernels.select.api import session_capacity
+    from gemkernels.select.backends import triton_backend
+
+    triton_options(triton_backend.TritonOptions(path=path))
+    rng = np.random.default_rng(41)
+    xs = [torch.from_numpy(rng.standard_normal((n, 128)).astype(np.float32)).cuda() for n in (40, 300, 7)]
+    batch = gk.RaggedBatch.from_list(xs, [[0], [5], []], None)
+    values = batch.values
+    sq_norms = (values.float() ** 2).sum(dim=1)
+    tau, capacity = np.full(3, 0.95), session_capacity(np.full(3, 8), batch.protected_counts, batch.lengths)
+    expected = triton_backend.select_packed(batch, values, sq_norms, tau, capacity, 1e-6)  # compiles, warm
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        triton_backend.select_packed(batch, values, sq_norms, tau, capacity, 1e-6)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = triton_backend.select_packed(batch, values, sq_norms, tau, capacity, 1e-6)
+    graph.replay()
+    torch.cuda.synchronize()
+    for field in ("indices", "counts", "coverage", "residuals"):
+        torch.testing.assert_close(getattr(captured, field), getattr(expected, field), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_kernels_launch_on_the_rows_device():
+    """Rows on cuda:1 while cuda:0 is current: the kernels run where the rows are, and so do the results."""
+    import gemkernels as gk
+
+    x = torch.from_numpy(np.random.default_rng(42).standard_normal((300, 64)).astype(np.float32))
+    base = gk.select(x.numpy(), protected=[0], k=8, backend="numpy")
+    with torch.cuda.device(0):
+        sel = gk.select(x.to("cuda:1"), protected=[0], k=8, backend="triton")
+    assert sel.indices.device == torch.device("cuda:1")
+    assert sel.indices.tolist() == base.indices.tolist()
