@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import numpy as np
 import redis
@@ -62,6 +62,10 @@ class RedisConnection:
         from redis.retry import Retry
 
         parts = urlsplit(url)
+        if not readable(parts):  # said without the URL: it would quote a part of the password
+            raise ValueError(f"the store URL ({parts.scheme}://...) cannot be read: its port is not a number, or its "
+                             "password holds one of : / ? # @ not percent-encoded (urllib.parse.quote(password, "
+                             "safe=''))")
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"--store takes memory or a redis://host:port/db URL, got {self.shown(url)}")
         self.url, self.prefix, self.retry_s, self.clock = url, prefix, retry_s, clock
@@ -81,7 +85,8 @@ class RedisConnection:
         return f"{parts.scheme}://{parts.hostname or ''}{':%d' % parts.port if parts.port else ''}{parts.path}"
 
     def call(self, what: Callable[[], T], round_trips: int = 1) -> T:
-        """``what()`` against Redis, counted; `StoreUnavailable` when Redis fails, and at once while paused."""
+        """``what()`` against Redis, counted; `StoreUnavailable` when Redis fails or refuses writes (read-only, at its
+        maxmemory), and at once while paused."""
         now = self.clock()
         if now < self.down_until:
             raise StoreUnavailable(f"session store {self.shown(self.url)} unavailable "
@@ -89,7 +94,7 @@ class RedisConnection:
         self.count_round_trips(round_trips)
         try:
             return what()
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
+        except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError, redis.OutOfMemoryError, OSError) as err:
             with self.lock:
                 self.failures += 1
                 self.down_until = self.clock() + self.retry_s
@@ -98,6 +103,16 @@ class RedisConnection:
 
     def close(self) -> None:
         self.client.close()
+
+
+def readable(parts: SplitResult) -> bool:
+    """Whether a split URL's credentials end where its host begins: a number for a port, and no ``@`` after the
+    host (a password's unencoded ``/ ? #`` moves the host and the rest of the password there)."""
+    try:
+        parts.port
+    except ValueError:
+        return False
+    return "@" not in parts.path + parts.query + parts.fragment
 
 
 class RedisSessionStore:

@@ -3,7 +3,8 @@
 Each worker is a whole proxy (its own event loop, compression threads and encoder) built from the same
 `ServerConfig`; with more than one, they share their sessions through the config's ``redis://`` store, so they
 behave like one process. The supervisor binds the socket once and hands it to every worker (the kernel spreads
-the connections), restarts a worker that dies, and on SIGINT / SIGTERM asks every worker to drain and stop. The
+the connections), restarts a worker that dies (one that cannot start stops the server, status 3, as one process
+would), and on SIGINT / SIGTERM asks every worker to drain and stop; a worker whose supervisor is gone stops too. The
 workers keep their metrics in one multiprocess directory, so each one's ``/metrics`` reports them all
 (`gemkernels.serve.metrics`).
 """
@@ -12,8 +13,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
+import os
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +31,8 @@ logger = logging.getLogger("gemkernels.serve")
 
 #: How long a stopping worker may drain its requests before it is killed.
 GRACEFUL_SHUTDOWN_S = 60
+#: uvicorn's exit status when the app fails to start (a bad setting): the supervisor stops rather than restart.
+STARTUP_FAILURE = 3
 
 
 @dataclass(frozen=True)
@@ -63,14 +69,25 @@ def serve(config: ServerConfig, listener: Listener) -> None:
 
 
 def worker_main(config: ServerConfig, listener: Listener, sock: socket.socket) -> None:
-    """One worker process: serve on the supervisor's socket."""
+    """One worker process: serve on the supervisor's socket until told to stop or the supervisor is gone."""
     import uvicorn
 
+    threading.Thread(target=stop_with_supervisor, name="gem-supervisor-watch", daemon=True).start()
     uvicorn.Server(uvicorn_config(config, listener)).run(sockets=[sock])
+
+
+def stop_with_supervisor() -> None:
+    """Wait for the supervisor to end (a SIGKILL gives it no time to stop its workers), then SIGTERM this worker:
+    it drains and exits instead of holding the port."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def serve_workers(config: ServerConfig, listener: Listener, workers: int) -> int:
     """Run ``workers`` worker processes on one socket until SIGINT / SIGTERM (module doc); the exit status."""
+    logging.getLogger("gemkernels").setLevel(logging.INFO)  # the supervisor's lines, as a worker's
     with multiprocess_metrics() as metrics_dir:  # before the first worker imports prometheus_client
         return supervise(config, listener, workers, metrics_dir)
 
@@ -81,6 +98,7 @@ def supervise(config: ServerConfig, listener: Listener, workers: int, metrics_di
     sock.set_inheritable(True)
     context = multiprocessing.get_context("spawn")
     stopping = False
+    status = 0
 
     def start(number: int) -> multiprocessing.process.BaseProcess:
         process = context.Process(target=worker_main, args=(config, listener, sock), name=f"gem-serve-{number}")
@@ -97,7 +115,10 @@ def supervise(config: ServerConfig, listener: Listener, workers: int, metrics_di
     try:
         while not stopping:
             for i, process in enumerate(processes):
-                if not process.is_alive() and not stopping:
+                if not process.is_alive() and not stopping and process.exitcode == STARTUP_FAILURE:
+                    logger.error("gem serve: worker %d could not start; stopping", i)
+                    stopping, status = True, STARTUP_FAILURE
+                elif not process.is_alive() and not stopping:
                     logger.warning("gem serve: worker %d (pid %s) exited with %s; starting another", i,
                                    process.pid, process.exitcode)
                     mark_process_dead(process.pid, metrics_dir)  # its gauges go; its counts stay in the sums
@@ -115,4 +136,4 @@ def supervise(config: ServerConfig, listener: Listener, workers: int, metrics_di
         sock.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return 0
+    return status

@@ -42,7 +42,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> None:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers PING (killed if it does not within ``timeout``)."""
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--maxmemory", f"{self.maxmemory_mb}mb", "--maxmemory-policy", "volatile-lru"],
@@ -58,6 +58,7 @@ class RedisServer:
                         return
             except OSError:
                 time.sleep(0.05)
+        self.stop()
         raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout} s")
 
     def stop(self) -> None:

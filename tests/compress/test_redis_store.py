@@ -192,3 +192,56 @@ def test_a_password_in_the_store_url_never_reaches_a_reason():
     out = gem.compress(synthetic_history(30, seed=1), session_id="s")
     assert out.stats.reason.startswith("StoreUnavailable") and "127.0.0.1" in out.stats.reason
     assert "hunter2" not in out.stats.reason
+
+
+def test_the_embedding_writer_outlives_a_redis_that_refuses_writes(redis_server):
+    """A Redis at its maxmemory under noeviction (Redis's default policy) answers each SET with an OOM error: those
+    rows are not shared, and the writer goes on sharing once Redis takes writes again (it died on that error)."""
+    with RedisServer() as own:
+        connection = RedisConnection(own.url, retry_s=0.05)
+        cache = RedisEmbeddingCache(CountingEncoder(), connection)
+        connection.client.config_set("maxmemory-policy", "noeviction")
+        connection.client.config_set("maxmemory", 1)
+        cache.encode(["refused"])
+        assert cache.flush(2.0)
+        connection.client.config_set("maxmemory", 0)
+        time.sleep(0.1)  # past a pause after the failure
+        cache.encode(["shared"])
+        assert cache.flush(2.0)
+        assert connection.client.exists(cache.key("shared")) and not connection.client.exists(cache.key("refused"))
+        cache.close()
+
+
+@pytest.mark.parametrize("password", ["12/hunter2", "ab#hunter2", "Zm9v+Ym/hunter2=", "12?hunter2", "x@y/hunter2"])
+def test_a_password_left_unencoded_in_the_store_url_is_refused_without_quoting_it(password):
+    """A password with one of / ? # @ not percent-encoded moves the URL's host into its path (or query, or fragment):
+    it is refused, naming the fix, where it would connect elsewhere and quote the password in every reason."""
+    from gemkernels.testing.processes import free_port
+
+    with pytest.raises(ValueError, match="percent-encode") as refused:
+        RedisConnection(f"redis://:{password}@127.0.0.1:{free_port()}/0")
+    assert "hunter2" not in str(refused.value) and password.split("/")[0] not in str(refused.value)
+
+
+def test_a_redis_server_that_does_not_answer_in_time_is_not_left_running(redis_server):
+    server = RedisServer()
+    with pytest.raises(RuntimeError, match="did not answer"):
+        server.start(timeout=0)
+    assert server.process is None
+
+
+def test_a_redis_that_refuses_writes_is_unavailable_not_a_compression_error(redis_server):
+    """A read-only Redis (a demoted primary after a failover) or one at maxmemory under noeviction refuses each save:
+    the request goes out unchanged as for a Redis that is down (store_unavailable in the metrics, a pause before the
+    next try), not as a failure of GEM's own logged with a traceback per request."""
+    from gemkernels.serve.metrics import passthrough_reason
+
+    messages = synthetic_history(30, seed=1)
+    with RedisServer() as own:
+        connection = RedisConnection(own.url, retry_s=60)
+        gem = GEM("paper", encoder="hash", store=RedisSessionStore(connection), token_counter=None)
+        connection.client.execute_command("REPLICAOF", "127.0.0.1", "1")
+        out = gem.compress(messages, session_id="s")
+        assert out.messages is messages and passthrough_reason(out.stats.reason) == "store_unavailable"
+        assert "ReadOnlyError" in out.stats.reason
+        assert gem.compress(messages, session_id="s").stats.reason.endswith("(retrying in 60.0 s)")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -205,3 +207,59 @@ def test_a_dead_workers_counts_stay_in_the_metrics_and_its_gauges_go(redis_serve
         assert total(metrics, "gem_requests_total") == 4 * SESSIONS  # the dead worker's counts stay
         assert total(metrics, "gem_sessions") <= SESSIONS  # the survivor's own: the dead worker's are gone
     upstream.stop()
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_stop_when_their_supervisor_is_killed(redis_server, tmp_path):
+    """A SIGKILLed supervisor leaves no worker serving its port (they would hold it, and its sessions, forever)."""
+    fake = FakeUpstream()
+    upstream = ServerThread(fake.app())
+    server = GemServeProcess(*serve_args(upstream.url, redis_server.url, "--workers", "2"),
+                             log_path=str(tmp_path / "w.log"))
+    server.__enter__()
+    workers = workers_of(server.process.pid)
+    metrics_dir = environment_of(workers[0])["PROMETHEUS_MULTIPROC_DIR"]  # a killed supervisor leaves it
+    try:
+        assert len(workers) == 2
+        server.kill()
+        deadline = time.monotonic() + 30
+        while any(map(running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(running, workers))
+    finally:
+        for pid in filter(running, workers):
+            os.kill(pid, signal.SIGKILL)
+        server.__exit__(None, None, None)
+        upstream.stop()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def test_the_supervisor_logs_a_dead_worker_and_stops_on_a_worker_that_cannot_start(redis_server, tmp_path):
+    """The supervisor's own lines reach the log (a worker's death was logged nowhere), and a worker that fails to
+    start (uvicorn's status 3: a bad setting) stops the server with that status instead of restarting forever."""
+    log = tmp_path / "w.log"
+    with GemServeProcess(*serve_args("http://127.0.0.1:9", redis_server.url, "--workers", "2"),
+                         log_path=str(log)) as server:
+        victim = workers_of(server.process.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while f"(pid {victim}) exited" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "2 workers on http://127.0.0.1" in log.read_text()
+        assert f"(pid {victim}) exited with -9; starting another" in log.read_text()
+    bad = GemServeProcess(*serve_args("http://127.0.0.1:9", redis_server.url, "--workers", "2",
+                                      "--encoder", "nonesuch"))  # every worker fails to start
+    process = subprocess.Popen(bad.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert process.wait(60) == 3
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

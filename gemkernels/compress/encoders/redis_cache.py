@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
+import redis
 
 from gemkernels.compress.encoders.base import Encoder, WrappedEncoder
 from gemkernels.compress.redis_store import RedisConnection
@@ -105,7 +106,8 @@ class RedisEmbeddingCache(WrappedEncoder):
                 for key, value in batch:
                     pipe.set(key, value, ex=self.ttl_s)
                 self.connection.call(pipe.execute)
-            except StoreUnavailable as err:  # these rows are not shared; every replica still encodes what it lacks
+            except (StoreUnavailable, redis.RedisError) as err:  # a refused write too (OOM, READONLY): these rows
+                # are not shared; every replica still encodes what it lacks
                 logger.debug("gemkernels: %d embeddings not shared: %s", len(batch), err)
             finally:
                 with self.cond:
