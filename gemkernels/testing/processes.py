@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 
@@ -24,6 +25,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_until_ready(process: subprocess.Popen[bytes], ready: Callable[[], bool], timeout: float, what: str) -> bool:
+    """Poll ``ready`` until it holds (True) or ``timeout`` seconds pass (False); RuntimeError if ``process`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        if ready():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 class RedisServer:
@@ -47,19 +60,17 @@ class RedisServer:
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--maxmemory", f"{self.maxmemory_mb}mb", "--maxmemory-policy", "volatile-lru"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode} on port {self.port}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout} s")
+        if not wait_until_ready(self.process, self.answers_ping, timeout, f"redis-server on port {self.port}"):
+            self.stop()
+            raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout} s")
+
+    def answers_ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
+                conn.sendall(b"PING\r\n")
+                return conn.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def stop(self) -> None:
         """Kill the server (no shutdown save: it has no persistence)."""
@@ -95,17 +106,16 @@ class GemServeProcess:
         log = open(self.log_path or os.devnull, "wb")  # noqa: SIM115 - the child holds it; closed with the process
         self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"gem serve exited with {self.process.returncode} (log: {self.log_path})")
+        def healthy() -> bool:
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return self
+                return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
-                time.sleep(0.1)
-        self.kill()
-        raise RuntimeError(f"gem serve did not answer /healthz within {self.timeout} s (log: {self.log_path})")
+                return False
+
+        if not wait_until_ready(self.process, healthy, self.timeout, f"gem serve (log: {self.log_path})"):
+            self.kill()
+            raise RuntimeError(f"gem serve did not answer /healthz within {self.timeout} s (log: {self.log_path})")
+        return self
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
