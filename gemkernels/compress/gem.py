@@ -112,6 +112,8 @@ class GEM:
         self.text_actions = text_action_profiles(cfg.text_actions, cfg.text_action_regex, cfg.text_observation_regex)
         self.encoder = make_encoder(encoder) if isinstance(encoder, str) else encoder
         self.store = store if store is not None else SessionStore()  # an empty store is falsy (__len__)
+        # block identities: Python's hash for a store in this process, one every process computes for a shared one
+        self.digest = stable_digest if getattr(self.store, "shared", False) else local_digest
         self.count_tokens = default_token_counter() if token_counter == "auto" else token_counter
         # blocks carry their token counts in the session's block cache; the messages outside blocks (system
         # prompt, task) come back on every request, so the last 1,024 of those texts are remembered
@@ -173,8 +175,7 @@ class GEM:
         goal_text = goal if goal is not None else history.task_text(cfg.goal_from)
         state = self.store.get(store_key)
         what = responses_said if history.format == RESPONSES else said
-        digest = stable_digest if getattr(self.store, "shared", False) else local_digest
-        keys = tuple(digest(what(messages, span)) for span in spans)
+        keys = tuple(self.digest(what(messages, span)) for span in spans)
         cache = {} if state is None else state.block_cache if save else dict(state.block_cache)  # a dry run adds none
         encode_started = time.perf_counter()
         try:

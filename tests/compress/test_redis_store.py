@@ -169,6 +169,8 @@ def test_a_replica_never_encodes_what_another_encoded(redis_server, dtype, toler
     assert second_model.seen == ["a new one"]
     np.testing.assert_allclose(again[:-1], rows, atol=tolerance, rtol=0)
     np.testing.assert_array_equal(again[-1], CountingEncoder().encode(["a new one"])[0])
+    hits_only = second.encode(texts[:3])  # every row from Redis, stored as float16 or float32: float32 out
+    assert hits_only.dtype == np.float32 and second_model.seen == ["a new one"]
     first.close()
     second.close()
 

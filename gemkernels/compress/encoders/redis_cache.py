@@ -11,6 +11,7 @@ costs the sharing: the texts are encoded here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -47,23 +48,29 @@ class RedisEmbeddingCache(WrappedEncoder):
         self.writer = threading.Thread(target=self._write_loop, name="gem-embedding-writer", daemon=True)
         self.writer.start()
 
+    @functools.cached_property
+    def key_prefix(self) -> str:
+        """What every text's key hashes before the text: the encoder's name and width and the stored dtype (read
+        once: a remote encoder's width is a probe)."""
+        return f"{self.encoder.name}\x1f{self.encoder.dim}\x1f{np.dtype(self.dtype).name}\x1f"
+
     def key(self, text: str) -> str:
-        name = f"{self.encoder.name}\x1f{self.encoder.dim}\x1f{np.dtype(self.dtype).name}\x1f"
-        digest = hashlib.sha256((name + text).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        digest = hashlib.sha256((self.key_prefix + text).encode("utf-8", "surrogatepass")).hexdigest()[:32]
         return f"{self.connection.prefix}e:{digest}"
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
         keys = [self.key(text) for text in texts]
         found: list[bytes | None]
         try:
-            found = self.connection.call(lambda: self.connection.client.mget(keys)) if keys else []
+            found = self.connection.call(lambda: self.connection.client.mget(keys))
         except StoreUnavailable as err:
             logger.debug("gemkernels: shared embeddings unavailable, encoding here: %s", err)
             found = [None] * len(keys)
         width = self.dim * np.dtype(self.dtype).itemsize
-        rows: list[np.ndarray | None] = [
-            np.frombuffer(value, dtype=self.dtype).astype(np.float32) if value is not None and len(value) == width
-            else None for value in found]
+        rows: list[np.ndarray | None] = [np.frombuffer(value, dtype=self.dtype)
+                                         if value is not None and len(value) == width else None for value in found]
         missing = [i for i, row in enumerate(rows) if row is None]
         self.hits += len(keys) - len(missing)
         self.misses += len(missing)
@@ -71,8 +78,9 @@ class RedisEmbeddingCache(WrappedEncoder):
             encoded = np.asarray(self.encoder.encode([texts[i] for i in missing]), dtype=np.float32)
             for i, row in zip(missing, encoded):
                 rows[i] = row
-            self._write_behind([(keys[i], row.astype(self.dtype).tobytes()) for i, row in zip(missing, encoded)])
-        return np.stack(rows) if rows else np.zeros((0, self.dim), np.float32)
+            stored = encoded.astype(self.dtype, copy=False)
+            self._write_behind([(keys[i], row.tobytes()) for i, row in zip(missing, stored)])
+        return np.stack(rows).astype(np.float32, copy=False)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every row queued so far is written (or dropped); whether that happened within ``timeout``."""
