@@ -5,6 +5,7 @@
 ``gem replay``: checkpoint replay with retention metrics and K / tau sweeps (`gemkernels.cli.replay`).
 ``gem online``: call-by-call tokens, prompt cache and price per forwarding policy (`gemkernels.cli.online`).
 ``gem analyze``: geometry against evidence, the paper's section 4 (`gemkernels.cli.analyze`).
+``gem train-router``: fit the learned keep/ready router on recorded runs (`gemkernels.cli.train_router`).
 ``gem bench``: the selection throughput sweep (`gemkernels.cli.bench`).
 
 Each module registers its arguments with ``set_defaults(func=run)`` and imports its heavy stack inside
@@ -19,7 +20,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS = ("compress", "serve", "replay", "online", "analyze", "bench")
+SUBCOMMANDS = ("compress", "serve", "replay", "online", "analyze", "train-router", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gem", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
-        importlib.import_module(f"{__name__}.{name}").add_parser(commands)
+        importlib.import_module(f"{__name__}.{name.replace('-', '_')}").add_parser(commands)
     return parser
 
 

@@ -20,6 +20,8 @@ from gemkernels.compress.evidence import EvidenceConfig
 from gemkernels.compress.text_actions import text_action_profiles
 from gemkernels.compress.tokens import Prices
 
+RANKINGS = ("geometry", "router", "retrieval")
+
 
 @dataclass(frozen=True)
 class GEMConfig:
@@ -53,6 +55,13 @@ class GEMConfig:
     ``mini-swe-agent``, ``swe-agent``, ``aider`` and ``pattern``, the user's own ``text_action_regex`` (its last group
     is the command, in the assistant text) with ``text_observation_regex`` (searched in the next user text).
 
+    ``ranking``: what orders the blocks a rewrite may keep after the protected ones: ``geometry`` (the paper's
+    residual completion), ``router`` (the learned keep/ready model, `gemkernels.compress.router`: the file
+    ``router``, default the shipped one, scores each block) or ``retrieval`` (a block's largest cosine to the last
+    three blocks, the PaMER idea); a score ranks with ``keep_recent_size`` by score / tokens ** ``size_power``
+    (blocks taken while they fit), else by score (the ``k`` best). ``drop_superseded``: a block that a newer one
+    supersedes (the same tool calls again, a read of the same sources) is never a completion candidate.
+
     ``keep_tools``: tool names whose blocks are always kept (protected as evidence ``kept_tool``).
     ``max_forward_tokens``: a hard ceiling on the request's tokens (None: none): past it, after the policy has
     chosen, blocks go, oldest first, outside the selected core, then in the core, then protected ones, never the
@@ -77,6 +86,10 @@ class GEMConfig:
     text_actions: str = "auto"
     text_action_regex: str = ""
     text_observation_regex: str = ""
+    ranking: str = "geometry"
+    router: str = ""
+    size_power: float = 1.0
+    drop_superseded: bool = False
     keep_tools: tuple[str, ...] = ()
     max_forward_tokens: int | None = None
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
@@ -99,6 +112,10 @@ class GEMConfig:
         if self.goal_from not in ("latest", "first"):
             raise ValueError(f"goal_from must be 'latest' or 'first', got {self.goal_from!r}")
         text_action_profiles(self.text_actions, self.text_action_regex, self.text_observation_regex)
+        if self.ranking not in RANKINGS:
+            raise ValueError(f"ranking must be one of {', '.join(RANKINGS)}, got {self.ranking!r}")
+        if not 0 <= self.size_power <= 2:
+            raise ValueError(f"size_power must lie in [0, 2], got {self.size_power}")
         if not isinstance(self.keep_tools, tuple) or not all(isinstance(t, str) and t for t in self.keep_tools):
             raise ValueError(f"keep_tools must be a tuple of tool names, got {self.keep_tools!r}")
         if self.max_forward_tokens is not None and self.max_forward_tokens < 1:
@@ -121,13 +138,18 @@ PRESETS: dict[str, GEMConfig] = {
     "core": GEMConfig(delta=1.0),
     # Amortized and evidence-aware: forward everything, rewrite when the cost model says so (it repays within
     # the expected remaining calls, 0.5 x blocks so far, and the per-call saving has reached the renewal gap,
-    # cached tokens at 0.1) or when more than 40 blocks would be forwarded; a rewrite keeps what GEM selects
-    # (evidence first, the newest 10 blocks among it, then residual completion to 95% coverage) within the
-    # tokens of the newest 15 blocks, then appends only. Goal changes wait for the next rewrite (a rewrite
-    # breaks the cache). Measured in docs/cache_aware.md.
-    "cache-aware": GEMConfig(k=15, tau=0.95, delta=1.0, min_blocks=16, rewrite_above_blocks=40, repay_factor=0.5,
-                             cached_price=0.1, keep_recent_size=True, reselect_on_goal_change=False,
-                             evidence=EvidenceConfig(recent=10)),
+    # cached tokens at 0.1) or when more than 60 blocks would be forwarded; a rewrite keeps the newest 4 blocks,
+    # then the blocks the learned router scores highest per token, within the tokens of the newest 15 blocks,
+    # then appends only. Goal changes wait for the next rewrite (a rewrite breaks the cache). Measured in
+    # docs/router.md (what it keeps) and docs/cache_aware.md (what it costs).
+    "cache-aware": GEMConfig(k=15, tau=0.95, delta=1.0, min_blocks=16, rewrite_above_blocks=60, repay_factor=0.5,
+                             cached_price=0.1, keep_recent_size=True, reselect_on_goal_change=False, ranking="router",
+                             evidence=EvidenceConfig(recent=4, goal=0, state=0, error=0, source=0)),
+    # The same schedule with the paper's selection: evidence rules (the newest 10 blocks among them), then residual
+    # completion to 95% coverage, within the tokens of the newest 15 blocks; rewrites past 40 blocks.
+    "cache-aware-geometry": GEMConfig(k=15, tau=0.95, delta=1.0, min_blocks=16, rewrite_above_blocks=40,
+                                      repay_factor=0.5, cached_price=0.1, keep_recent_size=True,
+                                      reselect_on_goal_change=False, evidence=EvidenceConfig(recent=10)),
 }
 
 

@@ -25,7 +25,11 @@ from gemkernels.compress.evidence import BlockFeatures, block_features, evidence
 from gemkernels.compress.guard import guarded_removals
 from gemkernels.compress.identity import local_digest, responses_said, said, stable_digest
 from gemkernels.compress.policy import budget_reason, ceiling_drops, could_repay, repay_reason, reselection_reason
+from gemkernels.compress.references import EMPTY, Lexicon, block_lexicon
 from gemkernels.compress.representation import block_text
+from gemkernels.compress.router import call_signature, load_router, request_features
+from gemkernels.compress.router.features import superseded
+from gemkernels.compress.router.ranking import retrieval_scores, router_order
 from gemkernels.compress.sessions import (
     SessionConflict,
     SessionState,
@@ -55,6 +59,8 @@ class BlockInfo:
     embedding: np.ndarray
     nbytes: int  # what keeping it in a session state costs (`block_nbytes`)
     tools: tuple[str, ...] = ()  # the names of the tools it calls
+    lexicon: Lexicon = Lexicon(EMPTY, EMPTY)  # what it holds and names (`references.block_lexicon`)
+    signature: int = 0  # its tool calls (`router.call_signature`)
 
 
 @dataclass
@@ -187,7 +193,9 @@ class GEM:
         embeddings = np.stack([info.embedding for info in infos])
         encode_seconds = time.perf_counter() - encode_started
 
-        protected = evidence_picks([info.features for info in infos], embeddings, task_embedding, cfg.evidence)
+        lexicons = [info.lexicon for info in infos]
+        protected = evidence_picks([info.features for info in infos], embeddings, task_embedding, cfg.evidence,
+                                   lexicons)
         if cfg.keep_tools:
             keep = set(cfg.keep_tools)
             protected["kept_tool"] = [b for b, info in enumerate(infos) if keep.intersection(info.tools)]
@@ -211,12 +219,13 @@ class GEM:
         select_started = time.perf_counter()
         rewrite: tuple[set[int], list[int], float] | None = None
         if reason is None and cfg.repay_factor is not None and could_repay(appended, seeds, sizes, cfg):
-            rewrite = self._rewrite(block_chars, embeddings, seeds, sizes, chars_before)
+            rewrite = self._rewrite(block_chars, embeddings, seeds, sizes, chars_before, infos, task_embedding)
             reason = repay_reason(appended, rewrite[0], sizes, cfg)
         core: list[int] = []
         coverage = None
         if reason is not None:
-            forwarded, core, coverage = rewrite or self._rewrite(block_chars, embeddings, seeds, sizes, chars_before)
+            forwarded, core, coverage = rewrite or self._rewrite(block_chars, embeddings, seeds, sizes, chars_before,
+                                                                 infos, task_embedding)
             action, selected_at = RESELECTED, n
         else:
             forwarded, action = appended, APPENDED
@@ -297,27 +306,42 @@ class GEM:
         return forwarded - set(dropped), reason + note
 
     def _rewrite(self, block_chars: Sequence[int], embeddings: np.ndarray, seeds: list[int], sizes: Sequence[int],
-                 total_chars: int) -> tuple[set[int], list[int], float]:
-        """A global selection: (blocks to forward, selected core, its coverage). The core is the protected
-        seeds plus residual completion, up to ``k`` blocks or, with ``keep_recent_size``, while its tokens fit
-        those of the newest ``k`` blocks; the forwarding guard then drops blocks outside it, larger first."""
+                 total_chars: int, infos: Sequence[BlockInfo],
+                 task_embedding: np.ndarray | None) -> tuple[set[int], list[int], float | None]:
+        """A global selection: (blocks to forward, selected core, its coverage; None unless geometry ranks). The
+        core is the protected seeds, then the blocks in ranking order (residual completion, router or retrieval score),
+        up to ``k`` blocks or, with ``keep_recent_size``, while its tokens fit those of the newest ``k`` blocks;
+        the forwarding guard then drops blocks outside it, larger first."""
         cfg, n = self.config, len(sizes)
+        eligible = None
+        if cfg.drop_superseded:
+            eligible = ~superseded([info.signature for info in infos], [info.features.sources for info in infos])
+        if cfg.ranking != "geometry":
+            if cfg.ranking == "router":
+                scores = load_router(cfg.router).scores(request_features(
+                    [info.lexicon for info in infos], [info.signature for info in infos],
+                    [info.features for info in infos], sizes, embeddings, task_embedding))
+            else:
+                scores = retrieval_scores(embeddings)
+            order = router_order(scores, sizes, seeds, eligible, cfg.size_power if cfg.keep_recent_size else 0.0)
+            coverage, num_protected = None, len(set(seeds))
+        else:
+            sel = self.select_fn(embeddings, protected=seeds, eligible=eligible, tau=cfg.tau,
+                                 k=n if cfg.keep_recent_size else cfg.k, eps=cfg.eps, backend=cfg.backend)
+            order, coverage, num_protected = to_numpy(sel.indices).tolist(), sel.coverage, sel.num_protected
         if cfg.keep_recent_size:
-            sel = self.select_fn(embeddings, protected=seeds, tau=cfg.tau, k=n, eps=cfg.eps, backend=cfg.backend)
-            order = to_numpy(sel.indices).tolist()
-            core = order[:sel.num_protected]
+            core = order[:num_protected]
             room = sum(sizes[max(0, n - cfg.k):]) - sum(sizes[b] for b in core)
-            for b in order[sel.num_protected:]:
+            for b in order[num_protected:]:
                 if sizes[b] <= room:
                     core.append(b)
                     room -= sizes[b]
         else:
-            sel = self.select_fn(embeddings, protected=seeds, tau=cfg.tau, k=cfg.k, eps=cfg.eps, backend=cfg.backend)
-            core = to_numpy(sel.indices).tolist()
+            core = order[:max(cfg.k, num_protected)]
         in_core = set(core)
         removable = [b for b in range(n) if b not in in_core]
         dropped = set(guarded_removals(block_chars, removable, total_chars, cfg.delta))
-        return set(range(n)) - dropped, core, sel.coverage
+        return set(range(n)) - dropped, core, coverage
 
     def _block_infos(self, history: History, keys: Sequence[str],
                      cache: dict[str, BlockInfo]) -> tuple[list[BlockInfo], int]:
@@ -325,28 +349,32 @@ class GEM:
         new_ids = [b for b, key in enumerate(keys) if key not in cache]
         new = [history.block(b) for b in new_ids]
         if new:
-            embeddings = np.asarray(self.encoder.encode([block_text(block, self.config.max_text_chars)
-                                                         for block in new]), dtype=np.float32)
+            texts = [block_text(block, self.config.max_text_chars) for block in new]
+            embeddings = np.asarray(self.encoder.encode(texts), dtype=np.float32)
             if embeddings.shape != (len(new), self.encoder.dim) or not np.isfinite(embeddings).all():
                 raise ValueError(f"encoder {self.encoder.name} returned unusable embeddings "
                                  f"(shape {embeddings.shape}, expected {(len(new), self.encoder.dim)}, "
                                  "or not finite)")
-            for b, block, embedding in zip(new_ids, new, embeddings):
+            for b, block, embedding, text in zip(new_ids, new, embeddings, texts):
                 messages = [history.messages[p] for p in block.positions]
+                lexicon = block_lexicon(block, text)
                 features = block_features(block)
                 cache[keys[b]] = BlockInfo(
                     chars=sum(serialised_chars(m) for m in messages),
                     tokens=None if self.count_tokens is None else sum(
                         self.count_tokens(serialise(m)) for m in messages),
-                    features=features, embedding=embedding, nbytes=block_nbytes(keys[b], embedding, features),
-                    tools=tuple(dict.fromkeys(action.name for action in block.actions)))
+                    features=features, embedding=embedding, nbytes=block_nbytes(keys[b], embedding, features, lexicon),
+                    tools=tuple(dict.fromkeys(action.name for action in block.actions)), lexicon=lexicon,
+                    signature=call_signature(block))
         return [cache[key] for key in keys], len(new)
 
 
-def block_nbytes(key: str, embedding: np.ndarray, features: BlockFeatures) -> int:
+def block_nbytes(key: str, embedding: np.ndarray, features: BlockFeatures, lexicon: Lexicon) -> int:
     """About what one block costs a session state: its embedding, its key (in the cache, the block list and the
-    forwarded set), the paths and sources of its features, and some 400 bytes of Python objects around them."""
-    return embedding.nbytes + 3 * len(key) + sum(map(len, features.edited_paths + features.sources)) + 400
+    forwarded set), the paths and sources of its features, its lexicon, and some 500 bytes of Python objects
+    around them."""
+    return (embedding.nbytes + 3 * len(key) + sum(map(len, features.edited_paths + features.sources))
+            + lexicon.nbytes + 500)
 
 
 def without_cache_marks(content: Any) -> Any:

@@ -26,6 +26,7 @@ from gemkernels.compress.blocks import Block, parse_history
 from gemkernels.compress.encoders.cache import EmbeddingCache
 from gemkernels.compress.evidence import block_features
 from gemkernels.compress.representation import MAX_CHARS, block_text
+from gemkernels.compress.tokens import TokenCache
 from gemkernels.evaluate.loaders import Run, final_block, load_runs, skipped_lines
 from gemkernels.evaluate.plotting import pyplot
 from gemkernels.evaluate.privacy import private_errors, private_runs
@@ -42,7 +43,8 @@ Row = tuple[str, str, float, int, np.ndarray]  # (experiment, selector, K or tau
 class RunJob:
     """One run's replay inputs: blocks (the last one the run's final call without a result, `Run.final`, when it
     has one), checkpoints t (history ``blocks[:t]``, next action ``blocks[t]``), block embeddings (n, d),
-    next-action embeddings and task embeddings (c, d; nan rows: no task text)."""
+    next-action embeddings and task embeddings (c, d; nan rows: no task text), each block's o200k tokens (as GEM
+    counts them: its messages serialised; 0 for the final one) and the run's format."""
 
     name: str
     blocks: tuple[Block, ...]
@@ -50,6 +52,8 @@ class RunJob:
     embeddings: np.ndarray
     actions: np.ndarray
     goals: np.ndarray
+    tokens: tuple[int, ...] = ()
+    format: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ def prepare(runs: Sequence[Run], cache: EmbeddingCache, min_blocks: int, progres
     """Jobs for the runs with at least one checkpoint, every text they need encoded once through ``cache``;
     a run name that several files share is qualified by its path."""
     staged = []
+    tokens = TokenCache()
     repeated = {name for name, count in Counter(run.name for run in runs).items() if count > 1}
     for run in runs:
         history = parse_history(run.messages)
@@ -89,15 +94,17 @@ def prepare(runs: Sequence[Run], cache: EmbeddingCache, min_blocks: int, progres
             blocks = history.blocks + ((final,) if final else ())
             goals = checkpoint_goals(run, starts, checkpoints)
             name = f"{run.path}:{run.name}" if run.name in repeated else run.name
+            sizes = tuple(sum(len(tokens.message(run.messages[p])) for p in span.positions) for span in history.spans)
             staged.append((name, blocks, checkpoints, [block_text(b) for b in blocks],
-                           [action_text(blocks[t]) for t in checkpoints], goals))
-    cache.fill([text for _, _, _, texts, actions, goals in staged for text in (*texts, *actions, *goals)
+                           [action_text(blocks[t]) for t in checkpoints], goals, sizes + (0,) * bool(final),
+                           run.format))
+    cache.fill([text for _, _, _, texts, actions, goals, _, _ in staged for text in (*texts, *actions, *goals)
                 if text.strip()], progress)
     cache.flush()
     nan = np.full(cache.dim, np.nan, dtype=np.float32)
     return [RunJob(name, blocks, checkpoints, cache.encode(texts), cache.encode(actions),
-                   np.stack([cache.encode([g])[0] if g.strip() else nan for g in goals]))
-            for name, blocks, checkpoints, texts, actions, goals in staged]
+                   np.stack([cache.encode([g])[0] if g.strip() else nan for g in goals]), sizes, fmt)
+            for name, blocks, checkpoints, texts, actions, goals, sizes, fmt in staged]
 
 
 def replay_run(job: RunJob, plan: Plan) -> tuple[str, list[Row]]:

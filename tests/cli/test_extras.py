@@ -16,6 +16,7 @@ NEEDS = {  # a command line, and the extra its first missing module belongs to
     "replay": (["replay", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "replay"),
     "online": (["online", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "tokens"),
     "analyze": (["analyze", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "replay"),
+    "train-router": (["train-router", str(FIXTURES), "--encoder", "hash", "--out", "OUT"], "replay"),
     "bench": (["bench", "--quick", "--out", "OUT"], "bench"),
 }
 

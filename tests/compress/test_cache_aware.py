@@ -207,12 +207,12 @@ DATA = TRAJECTORIES
 @pytest.mark.skipif(not DATA.is_dir(), reason=f"development runs not found at {DATA}")
 def test_cache_aware_invariants_on_every_development_run():
     """Pairing, prefix, order and no mutation at every call of every run; between rewrites the previous
-    request is a byte-identical prefix of the next; the budget of 40 forwarded blocks is never passed."""
+    request is a byte-identical prefix of the next; the preset's budget of forwarded blocks is never passed."""
     from test_gem_runs import RUNS, check_step
 
     from gemkernels.evaluate.loaders import checkpoints
 
-    rewrites = 0
+    rewrites, budget = 0, resolve_config("cache-aware").rewrite_above_blocks
     for run in RUNS:
         gem = GEM("cache-aware", encoder=CachedEncoder(HashEncoder(128)), token_counter=None)
         snapshot = json.dumps(run.messages)
@@ -225,7 +225,7 @@ def test_cache_aware_invariants_on_every_development_run():
                 assert result.messages is request, where
             else:
                 check_step(request, result, parse_history(request), where)
-                assert result.stats.forwarded_blocks <= 40 or result.stats.action == "reselected", where
+                assert result.stats.forwarded_blocks <= budget or result.stats.action == "reselected", where
             if result.stats.action == "reselected":
                 rewrites += 1
             elif before is not None:

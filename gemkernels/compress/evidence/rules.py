@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from gemkernels.compress.evidence.features import BlockFeatures
+from gemkernels.compress.references import Lexicon
 from gemkernels.select.arrays import to_numpy
 from gemkernels.select.ragged import index_mask
 
-RULES = ("recent", "goal", "state", "error", "source", "initial")
+RULES = ("recent", "goal", "state", "error", "source", "initial", "reference")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class EvidenceConfig:
     reach past the last four blocks (which often read the same files), while the worst-case
     protected union (4 + 1 + 3 + 2 + 4 = 14) stays below the core capacity K = 16, so the
     defaults never force the core to grow and always leave room for geometric completion.
+
+    ``reference`` (live references; not in the paper, 0 there): up to that many blocks that hold something one of
+    the last ``reference_window`` actions names (a path, an identifier, a literal), the latest holder of each
+    action's names, the latest action first (`reference_blocks`).
     """
 
     recent: int = 4
@@ -43,9 +48,12 @@ class EvidenceConfig:
     source_fraction: float = 0.5
     source: int = 4
     initial: int = 0
+    reference: int = 0
+    reference_window: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("recent", "goal", "state", "error", "error_window", "source", "initial"):
+        for name in ("recent", "goal", "state", "error", "error_window", "source", "initial", "reference",
+                     "reference_window"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
@@ -120,8 +128,26 @@ def source_blocks(features: Sequence[BlockFeatures], fraction: float, count: int
     return picks
 
 
+def reference_blocks(lexicons: Sequence[Lexicon] | None, window: int, count: int) -> list[int]:
+    """Live references: for each of the last ``window`` blocks, latest first, the latest other block that holds a
+    name its actions give (`Lexicon`); distinct, up to ``count``; none without lexicons."""
+    if not lexicons or count <= 0:
+        return []
+    n, picks = len(lexicons), []
+    for j in range(n - 1, max(n - window, 0) - 1, -1):
+        names = lexicons[j].names
+        holder = next((i for i in range(n - 1, -1, -1)
+                       if i != j and names.size and np.isin(lexicons[i].holds, names).any()), None)
+        if holder is not None and holder not in picks:
+            picks.append(holder)
+            if len(picks) == count:
+                break
+    return picks
+
+
 def protect(features: Sequence[BlockFeatures], embeddings: Any, task_embedding: Any, state_query: Any,
-            eligible: Any, config: EvidenceConfig | None = None) -> dict[str, list[int]]:
+            eligible: Any, config: EvidenceConfig | None = None,
+            lexicons: Sequence[Lexicon] | None = None) -> dict[str, list[int]]:
     """Every rule's picks by rule name (keys: `RULES`); the caller unions them. Inputs are not modified."""
     cfg = config or EvidenceConfig()
     n = len(features)
@@ -135,18 +161,20 @@ def protect(features: Sequence[BlockFeatures], embeddings: Any, task_embedding: 
         "error": error_blocks(features, cfg.error_window, cfg.error),
         "source": source_blocks(features, cfg.source_fraction, cfg.source),
         "initial": initial_blocks(n, cfg.initial),
+        "reference": reference_blocks(lexicons, cfg.reference_window, cfg.reference),
     }
 
 
 def evidence_picks(features: Sequence[BlockFeatures], embeddings: np.ndarray, task_embedding: Any,
-                   config: EvidenceConfig) -> dict[str, list[int]]:
+                   config: EvidenceConfig, lexicons: Sequence[Lexicon] | None = None) -> dict[str, list[int]]:
     """`protect` over every block with GEM's state query: the normalised sum of the recent window's mean
     embedding and the task embedding."""
     recent = embeddings[-config.recent:] if config.recent else embeddings[-1:]
     query = recent.mean(axis=0) + (task_embedding if task_embedding is not None else 0)
     norm = float(np.linalg.norm(query))
     state_query = query / norm if norm > 0 else None
-    return protect(features, embeddings, task_embedding, state_query, np.ones(len(features), dtype=bool), config)
+    return protect(features, embeddings, task_embedding, state_query, np.ones(len(features), dtype=bool), config,
+                   lexicons)
 
 
 def rank(scores: np.ndarray, indices: np.ndarray) -> np.ndarray:

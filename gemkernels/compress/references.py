@@ -1,0 +1,148 @@
+"""What an action names and what a block holds, lexically (encoder-free): paths, identifiers, literals, numbers.
+
+`references` reads the tokens an action's arguments name; `referenced_blocks` finds the earlier blocks that hold
+one of them (the ``referenced`` retention metric, `gemkernels.evaluate.retention`). `Lexicon` is the same
+extraction kept compactly per block, as hashes, so that a request can ask which blocks the latest actions still
+name (the router's live-reference features, `gemkernels.compress.router`) without keeping the texts.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import keyword
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gemkernels.compress.blocks import Block
+
+EXTENSIONS = ("py|pyi|pyx|ipynb|c|h|cc|cpp|hpp|go|rs|java|kt|js|jsx|ts|tsx|rb|php|sh|json|yaml|yml|toml|cfg|ini|"
+              "txt|md|rst|html|css|xml|csv|log|sql|lock|patch|diff")
+PATH = re.compile(rf"(?<![\w.:/-])(?:\.{{0,2}}/)?(?:[\w.-]+/)+[\w.-]*\w|(?<![\w./-])[\w-]+\.(?:{EXTENSIONS})\b")
+QUOTED = re.compile(r"'([^'\n]{3,200})'|\"((?:\\.|[^\"\\\n]){3,200})\"")
+IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
+NUMBER = re.compile(r"(?<![\w.])\d{3,}(?!\d)")
+WORD = re.compile(r"\w+")
+COMMON = frozenset(w.lower() for w in keyword.kwlist + dir(builtins)) | frozenset("""
+    about above after again also always another because been before being below between both cannot change
+    check could does doing done down each else even every example file files first found from have here into
+    just last like line lines look make more most much must need next none only other output over same should
+    since some still such than that their them then there these they thing think this those through true false
+    under until very want what when where which while will with without would your
+    bash echo grep head tail find xargs sort uniq sed awk python python3 pip pytest cat diff git patch mkdir
+    touch chmod tee printf test tests testbed returncode command stdout stderr error errors warning exit null
+    self args kwargs value values name names path paths text data result results item items
+    """.split())
+COMMON_FILES = frozenset({"__init__.py", "setup.py", "setup.cfg", "readme.md", "readme.rst", "conftest.py",
+                          "tests.py", "test.py", "pyproject.toml", "reproduce.py"})
+
+
+@dataclass(frozen=True)
+class References:
+    """What an action names: whole words (identifiers, numbers) and substrings (path tails, quoted literals)."""
+
+    words: frozenset[str]
+    strings: frozenset[str]
+
+    def found_in(self, text: str, words: frozenset[str]) -> bool:
+        """Whether a block (its full ``text`` and its `block_words`) shares any of these references."""
+        return bool(self.words & words) or any(s in text for s in self.strings)
+
+
+def block_words(text: str) -> frozenset[str]:
+    """The words (runs of letters, digits and ``_``) of a block's text, for whole-word matching."""
+    return frozenset(WORD.findall(text))
+
+
+def argument_strings(arguments: str) -> list[str]:
+    """The string values of a tool call's JSON arguments (nested too), or the raw arguments when not JSON."""
+    try:
+        stack = [json.loads(arguments)]
+    except (ValueError, TypeError):
+        return [arguments]
+    out: list[str] = []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return out
+
+
+def references(text: str) -> References:
+    """The reference tokens of an action's argument text.
+
+    Paths (``a/b/c.py``, ``./x/y``, ``name.ext`` with a known extension) count by their last two
+    components, so absolute and relative spellings match; a bare file name counts unless it is a
+    common one (``__init__.py``). Quoted literals of 3-200 characters count as substrings.
+    Identifiers of >= 4 characters that are not keywords, builtins, shell commands or common words,
+    and numbers of >= 3 digits, count as whole words; they are read from the text outside paths.
+    """
+    strings = {match.group(1) or match.group(2) for match in QUOTED.finditer(text)}
+    for match in PATH.finditer(text):
+        parts = [p for p in match.group(0).split("/") if p not in ("", ".", "..")]
+        tail = "/".join(parts[-2:])
+        if len(parts) > 1 or tail.lower() not in COMMON_FILES:
+            strings.add(tail)
+    rest = PATH.sub(" ", text)
+    words = {w for w in IDENTIFIER.findall(rest) if w.lower() not in COMMON} | set(NUMBER.findall(rest))
+    return References(frozenset(words), frozenset(strings))
+
+
+def action_references(action: Block) -> References:
+    """The reference tokens of every argument string of an action block's tool calls."""
+    return references("\n".join(s for call in action.actions for s in argument_strings(call.arguments)))
+
+
+def referenced_blocks(refs: References, texts: Sequence[str], words: Sequence[frozenset[str]]) -> list[int]:
+    """Indices of the blocks (full ``texts`` and their `block_words`) that share a reference with the action."""
+    return [i for i, (text, w) in enumerate(zip(texts, words)) if refs.found_in(text, w)]
+
+
+# --------------------------------------------------------------------------- per-block lexicons
+
+EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Lexicon:
+    """A block's reference tokens as sorted unique hashes (this process's ``hash``; compared only within it):
+    ``holds``, what its text contains (identifiers, numbers, path tails, quoted literals), and ``names``, what its
+    actions' arguments name (`action_references`)."""
+
+    holds: np.ndarray
+    names: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.holds.nbytes + self.names.nbytes)
+
+
+def hashed(tokens: set[str] | frozenset[str]) -> np.ndarray:
+    """Sorted unique int64 hashes of ``tokens``."""
+    return np.unique(np.fromiter((hash(t) for t in tokens), dtype=np.int64, count=len(tokens))) if tokens else EMPTY
+
+
+def held_tokens(text: str) -> set[str]:
+    """The tokens a reference can match in ``text``: identifiers and numbers (as `references` reads them), each
+    path's last component and last two, and quoted literals."""
+    tokens = {match.group(1) or match.group(2) for match in QUOTED.finditer(text)}
+    for match in PATH.finditer(text):
+        parts = [p for p in match.group(0).split("/") if p not in ("", ".", "..")]
+        tokens.update(("/".join(parts[-2:]), parts[-1]) if parts else ())
+    rest = PATH.sub(" ", text)
+    tokens.update(w for w in IDENTIFIER.findall(rest) if w.lower() not in COMMON)
+    tokens.update(NUMBER.findall(rest))
+    return tokens
+
+
+def block_lexicon(block: Block, text: str) -> Lexicon:
+    """The `Lexicon` of ``block`` whose representation text is ``text``."""
+    named = action_references(block)
+    return Lexicon(hashed(held_tokens(text)), hashed(named.words | named.strings))
