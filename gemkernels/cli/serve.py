@@ -64,8 +64,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--max-body-mb", type=float, default=64, help="largest request body, in MiB; larger ones get a 413 "
                                                                  "(default %(default)s)")
     p.add_argument("--max-session-mb", type=float, default=1024,
-                   help="what all sessions may hold (block embeddings and keys), in MiB; the least recently used go "
-                        "first (default %(default)s)")
+                   help="what all sessions may hold (block embeddings and keys; apart, observe mode's token ids), in "
+                        "MiB; the least recently used go first (default %(default)s)")
     p.add_argument("--header-timeout", type=seconds, default=DEFAULT_HEADER_TIMEOUT,
                    help="close a connection whose request headers are not complete this many seconds after it "
                         "opened or after a new request began (slowloris, idle sockets; default %(default)s)")

@@ -2,7 +2,8 @@
 a provider's input prices.
 
 A message is counted as ``json.dumps(message, ensure_ascii=False)`` tokenised with o200k (``bpe-openai``,
-offline). `Prices` bills cached and uncached input tokens relative to a plain one (default 0.1 and 1.0).
+offline; `token_encoder` falls back to `byte_quads`, its UTF-8 bytes in fours, without it). `Prices` bills cached
+and uncached input tokens relative to a plain one (default 0.1 and 1.0).
 """
 
 from __future__ import annotations
@@ -60,6 +61,22 @@ def o200k_encode() -> Encode:
         return [token for piece in pieces(text, PIECE_CHARS) for token in encode(piece)]
 
     return encode_any_length
+
+
+def byte_quads(text: str) -> list[int]:
+    """The stand-in tokenizer without ``bpe-openai``: the UTF-8 bytes of ``text`` in pieces of 4 (the last one
+    shorter), each piece one token (its value), so a text counts ⌈bytes / 4⌉ and two texts share whole pieces."""
+    data = text.encode("utf-8", "surrogatepass")
+    return [int.from_bytes(data[at:at + 4], "little") for at in range(0, len(data), 4)]
+
+
+def token_encoder() -> tuple[str, Encode]:
+    """The tokenizer of token accounting and its name: ``("o200k", o200k_encode())`` with ``bpe-openai`` (the
+    ``[tokens]`` extra), else ``("bytes/4", byte_quads)``."""
+    try:
+        return "o200k", o200k_encode()
+    except ImportError:
+        return "bytes/4", byte_quads
 
 
 def pieces(text: str, size: int) -> list[str]:

@@ -1,58 +1,17 @@
-"""Prompt-cache accounting of forwarded requests, call by call (DESIGN.md §4).
-
-A call's cached tokens are the longest common token prefix with the previous request of the same policy,
-computed over per-message token lists (whole identical messages, then the common token prefix of the first
-differing message); everything after it is uncached. Totals are priced with `gemkernels.compress.tokens.Prices`.
+"""Prompt-cache accounting of forwarded requests, call by call (DESIGN.md §4): each call priced by
+`gemkernels.compress.prompt_cache.call_cost` (the rule observe mode shares), summed into `Totals` and priced with
+`gemkernels.compress.tokens.Prices`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gemkernels.compress.prompt_cache import CallCost, call_cost, common_prefix
 from gemkernels.compress.tokens import Prices
 
-
-def common_prefix(previous: Sequence[Sequence[int]], current: Sequence[Sequence[int]]) -> int:
-    """Tokens shared at the start: whole identical messages, then the common prefix of the first differing pair."""
-    shared = 0
-    for before, now in zip(previous, current):
-        if before is now or before == now:
-            shared += len(now)
-            continue
-        for a, b in zip(before, now):
-            if a != b:
-                break
-            shared += 1
-        break
-    return shared
-
-
-@dataclass(frozen=True)
-class CallCost:
-    """One model call of one policy: input tokens, the cached part of them, embedding tokens it caused.
-
-    ``prefix_broken``: the previous request of the policy is not wholly cached (a rewrite).
-    """
-
-    input: int
-    cached: int
-    embedding: int = 0
-    prefix_broken: bool = False
-
-    @property
-    def uncached(self) -> int:
-        return self.input - self.cached
-
-
-def call_cost(previous: Sequence[Sequence[int]] | None, current: Sequence[Sequence[int]],
-              embedding: int = 0) -> CallCost:
-    """The cost of sending ``current`` right after ``previous`` (None: a first call, nothing cached)."""
-    total = sum(len(m) for m in current)
-    if previous is None:
-        return CallCost(total, 0, embedding)
-    cached = common_prefix(previous, current)
-    return CallCost(total, cached, embedding, prefix_broken=cached < sum(len(m) for m in previous))
+__all__ = ["CallCost", "Totals", "call_cost", "common_prefix"]
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ At each recorded model call of a run (`Run.calls`; the request is the history be
 latest compaction on, `Run.request`, so that a compaction is a rewrite of every policy) every
 policy of `online_policies` forwards its request; `costs` counts its o200k input tokens,
 the part a provider's prompt cache would serve (common prefix with the same policy's
-previous request), and the embedding tokens the policy caused. Totals per run and pooled
+previous request, `gemkernels.compress.prompt_cache`: the rule ``gem serve --observe`` prices with too), and
+the embedding tokens the policy caused. Totals per run and pooled
 (over all runs, per run format, and over the runs with at least N calls for each N of
 ``long_runs``) are reported relative to the full history, as a markdown table, JSON and a
 PNG (tokens against price per policy).
@@ -36,9 +37,10 @@ from typing import Any
 from gemkernels.compress.blocks import History, parse_history
 from gemkernels.compress.encoders import Encoder, is_hash_encoder, make_encoder
 from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR, EmbeddingCache
+from gemkernels.compress.prompt_cache import CallCost, call_cost
 from gemkernels.compress.representation import block_text
 from gemkernels.compress.tokens import Encode, Prices, TokenCache
-from gemkernels.evaluate.costs import CallCost, Totals, call_cost
+from gemkernels.evaluate.costs import Totals
 from gemkernels.evaluate.loaders import Run
 from gemkernels.evaluate.online_policies import PolicyOptions, policy_builder, policy_label
 from gemkernels.evaluate.plotting import pyplot

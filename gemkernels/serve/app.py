@@ -68,7 +68,8 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         observer = None
         if config.observe:
             cfg = compressor.gem.config
-            observer = Observer(Prices(cfg.cached_price, cfg.uncached_price), config.max_sessions)
+            observer = Observer(Prices(cfg.cached_price, cfg.uncached_price), config.max_sessions,
+                                config.max_session_bytes)
         proxies.append(Proxy(config, metrics, upstreams, compressor, observer))
         try:
             yield

@@ -202,19 +202,21 @@ class Proxy:
         session, tenant = session_of(request.headers, body), tenant_of(request.headers)
         result = await self.compressor.compress(api.path, history, session, message_sizes=sizes, tenant=tenant,
                                                 save=save)
+        removed = [] if result is None else removed_positions(history, result.messages)
+        moved = {}
+        if api.upstream == ANTHROPIC_UPSTREAM and removed:  # a removed message's cache breakpoint moves to a kept one
+            moved = moved_marks(body, history, removed)
         if self.observer is not None and save:
-            if layout is not None:
-                kept = {id(message) for message in (history if result is None else result.messages)}
-                self.observer.record(tenant, session or (result.stats.session_id if result else "") or "",
-                                     [text[a:b] for a, b in layout.elements], [id(m) in kept for m in history])
+            if layout is not None:  # what would have gone out: the history less ``removed`` (None: not a cut of it)
+                gone = set(removed or ())
+                forwarded = [moved.get(p, m) for p, m in enumerate(history) if p not in gone]
+                await asyncio.to_thread(self.observer.record, tenant,
+                                        session or (result.stats.session_id if result else "") or "", history,
+                                        forwarded)
             return None
         if result is None or len(result.messages) == len(history):
             return None
-        removed = removed_positions(history, result.messages)
-        replaced = None
-        if api.upstream == ANTHROPIC_UPSTREAM and removed:  # a removed message's cache breakpoint moves to a kept one
-            replaced = {p: json.dumps(message, ensure_ascii=False).encode()
-                        for p, message in moved_marks(body, history, removed).items()}
+        replaced = {p: json.dumps(message, ensure_ascii=False).encode() for p, message in moved.items()}
         cut = None if layout is None else cut_body(text, layout, len(history), removed, replaced)
         if cut is None:  # the bytes do not line up with the parsed history: send what the client sent
             logger.warning("gemkernels: could not cut the removed blocks out of the body; forwarding it unchanged")

@@ -1,9 +1,13 @@
 """Token accounting: prices refuse a cached price outside [0, uncached]; the token cache tokenises once; the default
-tokenizer is o200k (the call costs built on them: tests/evaluate/test_costs.py)."""
+tokenizer is o200k, and without bpe-openai token accounting counts bytes / 4 (the call costs built on them:
+tests/evaluate/test_costs.py)."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gemkernels.compress.tokens import Prices, TextCache, TokenCache, serialise
+from gemkernels.compress import tokens
+from gemkernels.compress.tokens import Prices, TextCache, TokenCache, byte_quads, serialise, token_encoder
 
 
 @pytest.mark.parametrize("cached, uncached", [(-0.1, 1.0), (0.5, 0.4), (0.0, 0.0)])
@@ -22,6 +26,28 @@ def test_token_cache_tokenises_each_distinct_text_once():
     assert cache.request([message, {"role": "user", "content": "fix the bug"}]) == [cache.message(message)] * 2
     assert seen == [serialise(message)]
     assert cache.text("a bc") == (1, 2) and cache.text("a bc") == (1, 2) and seen[-1] == "a bc" and len(seen) == 2
+
+
+@given(st.text(), st.text())
+def test_byte_quads_count_bytes_in_fours_and_share_whole_pieces(a, b):
+    data = (a + b).encode("utf-8", "surrogatepass")
+    quads = byte_quads(a + b)
+    assert len(quads) == -(-len(data) // 4)
+    assert b"".join(q.to_bytes(4, "little") for q in quads).rstrip(b"\0") == data.rstrip(b"\0")
+    whole = len(a.encode("utf-8", "surrogatepass")) // 4
+    assert quads[:whole] == byte_quads(a)[:whole]
+
+
+def test_token_encoder_is_o200k_with_bpe_openai_else_bytes_in_fours(monkeypatch):
+    pytest.importorskip("bpe_openai")
+    name, encode = token_encoder()
+    assert name == "o200k" and list(encode("hello world")) == list(TokenCache().text("hello world"))
+
+    def missing():
+        raise ImportError("no bpe-openai")
+
+    monkeypatch.setattr(tokens, "o200k_encode", missing)
+    assert token_encoder() == ("bytes/4", byte_quads)
 
 
 def test_default_tokenizer_is_o200k():
