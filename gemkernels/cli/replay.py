@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     options = {key: list(value) if isinstance(value, tuple) else value
                for key, value in vars(args).items() if key not in ("func", "quiet", "ray")}
     options["paths"] = private_paths(args.paths, args.show_paths)
-    summary = summary_json(results, plan, sweep_ks, options, cache.name)
+    summary = summary_json(results, plan, sweep_ks, options, cache.name, {job.name: job.format for job in jobs})
     write_report(Path(args.out), "replay", summary, markdown(summary), plot)
     return 0
 

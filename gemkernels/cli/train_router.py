@@ -56,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"gem train-router: {router.meta['checkpoints']} checkpoints of {len(jobs)} runs "
           f"({router.meta['rows']} block rows); wrote {args.out}", file=sys.stderr)
     if args.cross_family:
+        if len({s.family for s in samples}) < 2:
+            print("gem train-router: --cross-family needs runs of at least two agent families", file=sys.stderr)
+            return 2
         report = cross_family(samples, seed=args.seed, max_per_run=args.max_per_run, l2=args.l2)
         write_report(Path(args.cross_family), "router_families", report, markdown(report), lambda summary, out: [])
     return 0

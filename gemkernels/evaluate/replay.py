@@ -25,7 +25,9 @@ import numpy as np
 from gemkernels.compress.blocks import Block, parse_history
 from gemkernels.compress.encoders.cache import EmbeddingCache
 from gemkernels.compress.evidence import block_features
+from gemkernels.compress.references import block_lexicon
 from gemkernels.compress.representation import MAX_CHARS, block_text
+from gemkernels.compress.router import call_signature
 from gemkernels.compress.tokens import TokenCache
 from gemkernels.evaluate.loaders import Run, final_block, load_runs, skipped_lines
 from gemkernels.evaluate.plotting import pyplot
@@ -110,6 +112,8 @@ def prepare(runs: Sequence[Run], cache: EmbeddingCache, min_blocks: int, progres
 def replay_run(job: RunJob, plan: Plan) -> tuple[str, list[Row]]:
     """Every selector at every K < t, and GEM's natural budget at every tau, measured at each checkpoint."""
     features = tuple(block_features(b) for b in job.blocks)
+    lexicons = tuple(block_lexicon(b, block_text(b)) for b in job.blocks)
+    signatures = tuple(call_signature(b) for b in job.blocks)
     texts = [block_text(b, sys.maxsize) for b in job.blocks]
     words = [block_words(t) for t in texts]
     final = job.embeddings[-1]
@@ -119,7 +123,8 @@ def replay_run(job: RunJob, plan: Plan) -> tuple[str, list[Row]]:
         refs = action_references(job.blocks[t])
         x = job.embeddings[:t]
         targets = Targets.build(x, job.actions[c], final, goal, referenced_blocks(refs, texts[:t], words[:t]))
-        view = View(x, features[:t], goal, seed=(plan.seed, zlib.crc32(job.name.encode()), t))
+        view = View(x, features[:t], goal, (plan.seed, zlib.crc32(job.name.encode()), t), lexicons[:t],
+                    signatures[:t], job.tokens[:t])
         for k in plan.ks:
             if k < t:
                 rows += [("k", name, k, t, targets.measure(SELECTORS[name](view, k))) for name in plan.selectors]
@@ -183,10 +188,36 @@ def summarise(entries: Sequence[tuple[str, int, np.ndarray]], min_t: int = 0) ->
             "per_run_mean": named(column_means(np.stack(list(per_run.values())))[0])}
 
 
+def paired_against(index: Index, selector: str, k: int, runs: set[str], base: str = "recent") -> dict[str, object]:
+    """``selector`` against ``base`` at K over the checkpoints of ``runs``: per metric (top3, referenced) the mean
+    paired difference, its standard error and how many checkpoints define it."""
+    base_rows = {(run, t): v for run, t, v in index.get(("k", base, k), []) if run in runs}
+    out: dict[str, object] = {}
+    for metric in ("top3", "referenced"):
+        m = METRICS.index(metric)
+        deltas = np.array([v[m] - base_rows[(run, t)][m] for run, t, v in index.get(("k", selector, k), [])
+                           if (run, t) in base_rows and not np.isnan(v[m] - base_rows[(run, t)][m])])
+        out[metric] = {"delta": float(deltas.mean()) if deltas.size else None,
+                       "se": float(deltas.std(ddof=1) / math.sqrt(deltas.size)) if deltas.size > 1 else None,
+                       "n": int(deltas.size)}
+    return out
+
+
+def family_summary(index: Index, plan: Plan, ks: Sequence[int], families: dict[str, str]) -> dict[str, object]:
+    """Per agent family (``families``: run name -> family): every selector against Recent-K at each K, paired."""
+    out: dict[str, object] = {}
+    for family in sorted(set(families.values())):
+        runs = {run for run, f in families.items() if f == family}
+        out[family] = {s: {str(k): paired_against(index, s, k, runs) for k in ks}
+                       for s in plan.selectors if s != "recent"}
+    return out
+
+
 def summary_json(results: dict[str, list[Row]], plan: Plan, sweep_ks: Sequence[int], options: dict[str, object],
-                 encoder: str) -> dict[str, object]:
+                 encoder: str, families: dict[str, str] | None = None) -> dict[str, object]:
     """Everything the report shows: the selectors at ``plan.k`` (checkpoints with t > K), per-run means at
-    ``plan.k``, the exact-K sweep over the checkpoints common to every K (t > max K) and the tau sweep."""
+    ``plan.k``, the exact-K sweep over the checkpoints common to every K (t > max K), the tau sweep, and per agent
+    family (``families``: run name -> family) each selector against Recent-K at every K, paired by checkpoint."""
     index = index_rows(results)
     checkpoints = {(run, t) for entries in index.values() for run, t, _ in entries}
     same_k = {s: index.get(("k", s, plan.k), []) for s in plan.selectors}
@@ -201,6 +232,8 @@ def summary_json(results: dict[str, list[Row]], plan: Plan, sweep_ks: Sequence[i
         out["k_sweep"] = {"ks": list(sweep_ks), "selectors": {
             s: {str(k): summarise(index.get(("k", s, k), []), max(sweep_ks)) for k in sweep_ks}
             for s in plan.selectors}}
+    if families and "recent" in plan.selectors:
+        out["families"] = {"ks": list(plan.ks), "selectors": family_summary(index, plan, plan.ks, families)}
     if plan.taus:
         out["tau_sweep"] = {"taus": list(plan.taus), "capacity": plan.k, "variants": {
             v: {str(tau): summarise(index.get(("tau", v, tau), [])) for tau in plan.taus}
@@ -270,6 +303,31 @@ def tau_sweep_table(sweep: dict[str, object]) -> list[str]:
                     for tau in sweep["taus"]])]
 
 
+def family_tables(families: dict[str, object], k: int) -> list[str]:
+    """Per family: each selector against Recent-K at ``k``, and the K sweep of the Top-3 difference."""
+    ks = families["ks"]
+    lines = ["## Per agent family: each selector against Recent-K (paired by checkpoint)", "",
+             "Cells: mean difference selector − Recent-K ± its standard error (checkpoints).", ""]
+    for family, by_selector in families["selectors"].items():
+        lines += [f"**{family}** at K={k}", ""]
+        lines += table(("Selector", "Top-3 Δ", "Referenced Δ"),
+                       [(LABELS[s], delta_cell(v[str(k)]["top3"]), delta_cell(v[str(k)]["referenced"]))
+                        for s, v in by_selector.items()])
+        if len(ks) > 1:
+            lines += [f"**{family}**: Top-3 Δ against Recent-K at every K", ""]
+            lines += table(("K", *(LABELS[s] for s in by_selector)),
+                           [(str(kk), *(delta_cell(v[str(kk)]["top3"]) for v in by_selector.values())) for kk in ks])
+    return lines
+
+
+def delta_cell(stats: dict[str, object]) -> str:
+    """``+0.041 ± 0.012`` (``–`` where undefined)."""
+    if stats["delta"] is None:
+        return "–"
+    se = "" if stats["se"] is None else f" ± {stats['se']:.3f}"
+    return f"{stats['delta']:+.3f}{se}"
+
+
 def markdown(summary: dict[str, object]) -> str:
     """The report's tables in the paper's shapes: D.1 (pooled and per-run means), D.3 and D.4."""
     options = summary["options"]
@@ -281,6 +339,8 @@ def markdown(summary: dict[str, object]) -> str:
         lines += k_sweep_table(summary["k_sweep"])
     if "tau_sweep" in summary:
         lines += tau_sweep_table(summary["tau_sweep"])
+    if "families" in summary:
+        lines += family_tables(summary["families"], summary["same_k"]["k"])
     return "\n".join(lines)
 
 

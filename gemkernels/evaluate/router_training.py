@@ -99,11 +99,10 @@ def fit_listwise(samples: Sequence[Sample], head: str, l2: float, steps: int = 2
     """Weights of a listwise (conditional logit) head: at each checkpoint, softmax(signals @ w) over its blocks is
     the probability that a block is one of the labelled ones; maximises the labelled blocks' log-probability with
     an L2 penalty (per labelled block) by ``steps`` Newton steps from zero. Checkpoints without a label add
-    nothing; a signal that is the same for every block of a checkpoint cancels out."""
+    nothing (none at all: zero weights, every block alike); a signal that is the same for every block of a
+    checkpoint cancels out."""
     data = [(s.signals, getattr(s, head)) for s in samples if getattr(s, head).any()]
-    if not data:
-        raise ValueError(f"no checkpoint has a {head} label")
-    dim = data[0][0].shape[1]
+    dim = len(FEATURES) if not samples else samples[0].signals.shape[1]
     w = np.zeros(dim)
     labelled = sum(int(y.sum()) for _, y in data)
     for _ in range(steps):
