@@ -2,8 +2,9 @@
 
     python -m bench.compress_overhead [--blocks 1000] [--repeats 30]
 
-A warm session (every block already embedded): the append path (one new block) and the
-reselection path (goal change: evidence rules, selection and guard over every block).
+A warm session (every block already embedded): the append path (one new block), the
+reselection path (goal change: evidence rules, selection and guard over every block), and the cache-aware
+preset's rewrite ranked by the router (its signals over every block, live references included, and the scores).
 The synthetic history comes from `gemkernels.testing.histories`, shared with the tests.
 """
 
@@ -15,6 +16,7 @@ import json
 
 from gemkernels import GEM
 from gemkernels.benchmark.timing import compare, fmt_seconds
+from gemkernels.compress.config import with_overrides
 from gemkernels.compress.encoders import CachedEncoder, HashEncoder
 from gemkernels.testing.histories import synthetic_history
 
@@ -27,11 +29,16 @@ def main() -> None:
     messages = synthetic_history(args.blocks, seed=1)
     gem = GEM("paper", encoder=CachedEncoder(HashEncoder(384)), token_counter=None)
     gem.compress(messages[:-2], session_id="bench")
+    ranked = GEM(with_overrides("cache-aware", ["reselect_on_goal_change=True"]),
+                 encoder=CachedEncoder(HashEncoder(384)), token_counter=None)
+    ranked.compress(messages[:-2], session_id="bench")
     goals = itertools.count()
     results = compare({
         "json.dumps(request)": lambda: json.dumps(messages),
         "compress, append path": lambda: gem.compress(messages, session_id="bench"),
         "compress, reselection path": lambda: gem.compress(messages, session_id="bench", goal=f"goal {next(goals)}"),
+        "compress, router rewrite (cache-aware)": lambda: ranked.compress(messages, session_id="bench",
+                                                                          goal=f"goal {next(goals)}"),
     }, repeats=args.repeats)
     floor = results["json.dumps(request)"].median
     print(f"{args.blocks} blocks, {len(json.dumps(messages)):,} serialised characters\n")

@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         markdown,
         plot,
         plot_by_length,
+        plot_evidence,
         pooled,
         pooled_evidence,
         replay_runs,
@@ -142,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             return [plot(groups, options, out / "online.png"),
                     plot_by_length(replays, options, out / "online_by_length.png"),
+                    *([plot_evidence(replays, options, out / "evidence.png")]
+                      if any(replay.evidence for replay in replays) else []),
                     *([billing_plot(bills, names, out / "billing.png")] if bills["total"] else [])]
         except ImportError:
             print("gem online: no plot: matplotlib is not installed", file=sys.stderr)

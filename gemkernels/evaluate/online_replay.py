@@ -390,3 +390,35 @@ def policy_colours(policies: Iterable[str]) -> dict[str, str]:
     return {policy: POLICY_COLOURS[i % len(POLICY_COLOURS)] for i, policy in enumerate(policies)}
 
 
+
+
+def plot_evidence(replays: Sequence[RunReplay], options: PolicyOptions, path: Path) -> Path:
+    """Evidence against tokens: per group (all runs, each run format) and measured policy, the paired difference
+    kept − newest of the same tokens at rewrites (Top-3 and referenced, mean ± standard error) against the policy's
+    input tokens relative to the full history."""
+    plt = pyplot()
+
+    evidence, totals = pooled_evidence(replays), pooled(replays)
+    policies = list(next(iter(evidence.values()), {}))
+    colours = policy_colours(policies)
+    markers = dict(zip(evidence, itertools.cycle("o^sDvP*Xhp<>")))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharex=True)
+    for ax, metric in zip(axes, ("top3", "referenced")):
+        for group, by_policy in evidence.items():
+            rel = relative(totals[group], options.prices)
+            for policy, rows in by_policy.items():
+                m = evidence_means(rows)
+                if math.isnan(m[f"{metric}_delta"]):
+                    continue
+                main = group == ALL_RUNS
+                ax.errorbar(rel[policy]["tokens"], m[f"{metric}_delta"], yerr=m[f"{metric}_delta_se"],
+                            color=colours[policy], marker=markers[group], markersize=8 if main else 5,
+                            linestyle="none", capsize=2, label=policy_label(policy, options) if main else None)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xlabel("input tokens vs full history")
+        ax.set_ylabel(f"{'Top-3' if metric == 'top3' else 'referenced'}: kept − newest of the same tokens")
+    for group, marker in markers.items():
+        axes[1].scatter([], [], facecolors="none", edgecolors="black", marker=marker, label=group)
+    axes[1].legend(fontsize=7)
+    fig.suptitle("Evidence at rewrites against tokens (mean ± standard error over rewrites)")
+    return save(fig, path)

@@ -55,6 +55,17 @@ def test_different_calls_never_supersede_and_blocks_without_calls_are_never_supe
     assert not flags.any()
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.lists(st.sampled_from("abc"), max_size=2, unique=True)), max_size=25))
+def test_superseded_is_a_newer_block_with_the_same_calls_or_the_same_sources(blocks):
+    signatures = [s for s, _ in blocks]
+    sources = [tuple(src) for _, src in blocks]
+    expected = [any((signatures[i] and signatures[j] == signatures[i])
+                    or (sources[i] and sorted(sources[j]) == sorted(sources[i])) for j in range(i + 1, len(blocks)))
+                for i in range(len(blocks))]
+    assert superseded(signatures, sources).tolist() == expected
+
+
 # --------------------------------------------------------------------------- lexicons and live references
 
 def test_a_block_holds_the_paths_and_identifiers_an_action_names():

@@ -32,13 +32,12 @@ def superseded(signatures: Sequence[int], sources: Sequence[tuple[str, ...]]) ->
     """Whether a newer block repeats a block's tool calls (same ``signatures``: the same command re-run, the same
     file read again) or reads the same non-empty ``sources``: the older one is what the newer replaces."""
     out = np.zeros(len(signatures), dtype=bool)
-    seen: set[object] = set()
-    for i in range(len(signatures) - 1, -1, -1):
-        keys = [("calls", signatures[i])] if signatures[i] else []
-        if sources[i]:
-            keys.append(("sources", tuple(sorted(sources[i]))))
-        out[i] = any(key in seen for key in keys)
-        seen.update(keys)
+    for keys in (np.asarray(signatures, dtype=np.int64),
+                 np.asarray([hash(tuple(sorted(s))) if s else 0 for s in sources], dtype=np.int64)):
+        _, last_from_end = np.unique(keys[::-1], return_index=True)
+        latest = np.zeros(len(keys), dtype=bool)
+        latest[len(keys) - 1 - last_from_end] = True  # the newest block of each key
+        out |= (keys != 0) & ~latest
     return out
 
 
