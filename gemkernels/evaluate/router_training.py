@@ -164,9 +164,14 @@ def router_keep(scores: np.ndarray, tokens: np.ndarray, k: int | None, budget: f
             room -= tokens[b]
     return kept
 
-def retained(kept: np.ndarray, sample: Sample) -> tuple[float, float]:
-    """(Top-3, referenced) retention of a kept mask; referenced is nan when the action names no block."""
-    return float(kept[sample.top3].mean()), float(kept[sample.referenced].mean()) if sample.names_any else math.nan
+def retained(kept: np.ndarray, sample: Sample, weighted: bool = False) -> tuple[float, float]:
+    """(Top-3, referenced) retention of a kept mask, as the fraction of those blocks kept or (``weighted``) of their
+    tokens; referenced is nan when the action names no block."""
+    def share(labels: np.ndarray) -> float:
+        if weighted:
+            return float(sample.tokens[kept & labels].sum() / max(sample.tokens[labels].sum(), 1e-9))
+        return float(kept[labels].mean())
+    return share(sample.top3), share(sample.referenced) if sample.names_any else math.nan
 
 def paired(deltas: Sequence[float]) -> dict[str, float]:
     """Mean of the defined paired differences, its standard error, and how many."""
@@ -194,8 +199,10 @@ def compare(router: Router, samples: Sequence[Sample], ks: Sequence[int]) -> dic
             budget = float(s.tokens[-BUDGET_BLOCKS:].sum())
             kept = router_keep(sc, s.tokens, None, budget)
             recent = newest_within(s.tokens, budget)
-            rows.append((retained(kept, s), retained(recent, s), int(kept.sum()), int(recent.sum())))
+            rows.append((retained(kept, s), retained(recent, s), int(kept.sum()), int(recent.sum()),
+                         retained(kept, s, weighted=True), retained(recent, s, weighted=True)))
     out["tokens"] = summary([r[:2] for r in rows])
+    out["tokens_weighted"] = summary([r[4:] for r in rows])
     if rows:
         out["tokens"]["blocks_router"] = float(np.mean([r[2] for r in rows]))
         out["tokens"]["blocks_recent"] = float(np.mean([r[3] for r in rows]))
@@ -238,15 +245,17 @@ def markdown(report: dict[str, Any]) -> str:
              "recency, paired difference ± standard error over checkpoints. Same K: the newest "
              f"{RECENT} blocks then by score, against the newest K. Same tokens: the newest {RECENT} "
              f"then by score per token^{SIZE_POWER} within the tokens of the newest {BUDGET_BLOCKS} blocks, "
-             "against the newest blocks of those tokens.", ""]
+             "against the newest blocks of those tokens; also as the share of the labelled blocks' tokens kept "
+             "(the router keeps more, smaller blocks: a large block counts for its size there).", ""]
     for metric in HEADS:
         ks = sorted({k for fam in report.values() for k in fam["k"]}, key=int)
-        lines += [f"## {metric}", "", "| family | " + " | ".join(f"K={k}" for k in ks) + " | same tokens | blocks kept "
-                  "(router / recent) |", "|---|" + "---|" * (len(ks) + 2)]
+        header = " | ".join(f"K={k}" for k in ks)
+        lines += [f"## {metric}", "", f"| family | {header} | same tokens | same tokens, share of their tokens "
+                  "| blocks kept (router / recent) |", "|---|" + "---|" * (len(ks) + 3)]
         for family, fam in report.items():
             t = fam["tokens"]
             blocks = f"{t['blocks_router']:.1f} / {t['blocks_recent']:.1f}" if "blocks_router" in t else "–"
             lines.append(f"| {family} | " + " | ".join(cell(fam["k"][k], metric) for k in ks)
-                         + f" | {cell(t, metric)} | {blocks} |")
+                         + f" | {cell(t, metric)} | {cell(fam['tokens_weighted'], metric)} | {blocks} |")
         lines.append("")
     return "\n".join(lines)

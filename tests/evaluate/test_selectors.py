@@ -8,6 +8,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from gemkernels.compress.evidence import BlockFeatures, EvidenceConfig  # noqa: E402
+from gemkernels.compress.references import Lexicon, hashed  # noqa: E402
 from gemkernels.evaluate.selectors import (  # noqa: E402
     SELECTORS,
     View,
@@ -35,7 +36,11 @@ def views(draw):
     features = tuple(BlockFeatures(edited_paths=(f"f{i % 3}.py",) if draw(st.booleans()) else (),
                                    is_error=draw(st.booleans())) for i in range(n))
     goal = x[draw(st.integers(0, n - 1))] if draw(st.booleans()) else None
-    return View(x.astype(np.float32), features, goal, seed=(draw(st.integers(0, 99)),))
+    names = st.sets(st.sampled_from(["a.py", "b/c.py", "parse", "1234"]), max_size=3)
+    lexicons = tuple(Lexicon(hashed(draw(names)), hashed(draw(names))) for _ in range(n))
+    signatures = tuple(draw(st.integers(0, 3)) for _ in range(n))  # repeated calls: superseded blocks
+    tokens = tuple(draw(st.integers(1, 5000)) for _ in range(n))
+    return View(x.astype(np.float32), features, goal, (draw(st.integers(0, 99)),), lexicons, signatures, tokens)
 
 
 @settings(max_examples=60, deadline=None)
