@@ -6,13 +6,13 @@ from dataclasses import replace
 import pytest
 
 pytest.importorskip("hypothesis")
-from helpers import TRAJECTORIES  # noqa: E402
+from helpers import LOGS, TRAJECTORIES  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from gemkernels import GEM, GEMConfig, select  # noqa: E402
 from gemkernels.compress.blocks import parse_history  # noqa: E402
-from gemkernels.compress.config import resolve_config  # noqa: E402
+from gemkernels.compress.config import resolve_config, with_overrides  # noqa: E402
 from gemkernels.compress.encoders import CachedEncoder, HashEncoder  # noqa: E402
 from gemkernels.compress.evidence import EvidenceConfig  # noqa: E402
 from gemkernels.compress.policy import could_repay, renewal_gap, repay_reason  # noqa: E402
@@ -204,35 +204,58 @@ def test_keep_recent_size_keeps_at_most_the_newest_k_blocks_tokens_beyond_protec
 DATA = TRAJECTORIES
 
 
+VARIANTS = {  # every ranking and rule of issue 22 on the cache-aware schedule
+    "router": with_overrides("cache-aware", ()),
+    "geometry": with_overrides("cache-aware-geometry", ()),
+    "retrieval": with_overrides("cache-aware", ["ranking=retrieval"]),
+    "superseded-references": with_overrides("cache-aware-geometry", ["drop_superseded=True",
+                                                                     "evidence.reference=2"]),
+}
+
+
 @pytest.mark.skipif(not DATA.is_dir(), reason=f"development runs not found at {DATA}")
-def test_cache_aware_invariants_on_every_development_run():
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_cache_aware_invariants_on_every_development_run(variant):
     """Pairing, prefix, order and no mutation at every call of every run; between rewrites the previous
     request is a byte-identical prefix of the next; the preset's budget of forwarded blocks is never passed."""
     from test_gem_runs import RUNS, check_step
 
     from gemkernels.evaluate.loaders import checkpoints
 
-    rewrites, budget = 0, resolve_config("cache-aware").rewrite_above_blocks
+    config = VARIANTS[variant]
+    rewrites = 0
     for run in RUNS:
-        gem = GEM("cache-aware", encoder=CachedEncoder(HashEncoder(128)), token_counter=None)
-        snapshot = json.dumps(run.messages)
-        before = None
-        for pos in checkpoints(run.messages):
-            request = run.messages[:pos]
-            result = gem.compress(request, session_id="dev")
-            where = f"{run.name} messages[:{pos}] ({result.stats.action}: {result.stats.reason})"
-            if result.stats.action == "unchanged":
-                assert result.messages is request, where
-            else:
-                check_step(request, result, parse_history(request), where)
-                assert result.stats.forwarded_blocks <= budget or result.stats.action == "reselected", where
-            if result.stats.action == "reselected":
-                rewrites += 1
-            elif before is not None:
-                assert json.dumps(result.messages[:len(before)]) == json.dumps(before), f"{where}: prefix changed"
-            before = result.messages
-        assert json.dumps(run.messages) == snapshot, f"{run.name}: the caller's messages were mutated"
+        rewrites += walk_run(config, run.name, run.messages, [run.messages[:pos] for pos in checkpoints(run.messages)],
+                             check_step)
+    if LOGS.is_dir():  # Claude Code, Codex, OpenHands... in their own formats: each recorded request, in order
+        from gemkernels.evaluate.loaders import load_runs
+
+        for run in load_runs(LOGS)[0]:
+            rewrites += walk_run(config, run.name, run.messages, [run.request(c.position) for c in run.calls],
+                                 check_step)
     assert rewrites > 0
+
+
+def walk_run(config, name, messages, requests, check_step) -> int:
+    """One GEM session over ``requests`` (each a request of the run, in order), every step checked; the rewrites."""
+    gem = GEM(config, encoder=CachedEncoder(HashEncoder(128)), token_counter=None)
+    snapshot = json.dumps(messages)
+    before, rewrites, budget = None, 0, config.rewrite_above_blocks
+    for request in requests:
+        result = gem.compress(request, session_id="dev")
+        where = f"{name} messages[:{len(request)}] ({result.stats.action}: {result.stats.reason})"
+        if result.stats.action == "unchanged":
+            assert result.messages is request, where
+        else:
+            check_step(request, result, parse_history(request), where)
+            assert result.stats.forwarded_blocks <= budget or result.stats.action == "reselected", where
+        if result.stats.action == "reselected":
+            rewrites += 1
+        elif before is not None and result.stats.action == "appended":
+            assert json.dumps(result.messages[:len(before)]) == json.dumps(before), f"{where}: prefix changed"
+        before = result.messages
+    assert json.dumps(messages) == snapshot, f"{name}: the caller's messages were mutated"
+    return rewrites
 
 
 # --------------------------------------------------------------------------- evidence at rewrites (gem online)

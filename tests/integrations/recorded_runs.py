@@ -61,3 +61,28 @@ def assert_tool_pairing(messages: list[dict[str, Any]]) -> None:
             assert call["id"] not in answered and call["id"] not in open_calls, f"call id {call['id']} twice"
             open_calls.add(call["id"])
     assert not open_calls, f"calls {sorted(open_calls)} left unanswered"
+
+
+class GEMInputs:
+    """Records what every `GEM.compress` of sessions other than ``reference`` was given (a copy of the list), so a
+    test can compress the very same messages with a reference GEM: a framework may hand GEM its own version of the
+    history (keys added or reordered, arguments re-serialised), and the selection reads its sizes and text."""
+
+    def __init__(self, monkeypatch):
+        from gemkernels.compress.gem import GEM
+
+        self.calls: dict[str | None, list[list[Any]]] = {}
+        compress = GEM.compress
+
+        def recording(gem, messages, *args, **kwargs):
+            session = kwargs.get("session_id", args[0] if args else None)
+            if session != "reference":
+                self.calls.setdefault(session, []).append(list(messages))
+            return compress(gem, messages, *args, **kwargs)
+
+        monkeypatch.setattr(GEM, "compress", recording)
+
+    def only(self) -> list[list[Any]]:
+        """The inputs of the one session that was compressed."""
+        (calls,) = self.calls.values()
+        return calls

@@ -24,7 +24,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 from langchain_core.tools import StructuredTool  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from pydantic import Field  # noqa: E402
-from recorded_runs import assert_tool_pairing, call_positions, recorded_runs  # noqa: E402
+from recorded_runs import GEMInputs, assert_tool_pairing, call_positions, recorded_runs  # noqa: E402
 
 from gemkernels.compress.config import with_overrides  # noqa: E402
 from gemkernels.compress.gem import GEM  # noqa: E402
@@ -146,7 +146,8 @@ SETTINGS = [("balanced", {"preset": "balanced"}, False),
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=[s[0] for s in SETTINGS])
 @pytest.mark.parametrize("name", RUN_IDS)
-def test_recorded_run_through_create_agent_sees_what_gem_forwards(name, setting):
+def test_recorded_run_through_create_agent_sees_what_gem_forwards(name, setting, monkeypatch):
+    inputs = GEMInputs(monkeypatch)
     _, arguments, use_async = setting
     recorded = canonical(dict(RUNS)[name])
     positions = call_positions(recorded)
@@ -165,7 +166,7 @@ def test_recorded_run_through_create_agent_sees_what_gem_forwards(name, setting)
                                                    else [])]
     reference = GEM(with_overrides(arguments["preset"], overrides), encoder="hash")
     replies = [m for m in stored if isinstance(m, AIMessage)]
-    compressed = 0
+    compressed, gem_inputs = 0, iter(inputs.only())
     for call, position in enumerate(positions + [len(recorded)]):
         received, history = model.received[call], recorded[:position]
         stats = replies[call].response_metadata["gem"]
@@ -173,7 +174,9 @@ def test_recorded_run_through_create_agent_sees_what_gem_forwards(name, setting)
             assert [essentials(m) for m in received] == [essentials(m) for m in history], f"call {call}"
             assert stats["action"] == "unchanged" and stats["reason"].startswith("below the trigger")
             continue
-        expected = reference.compress(history, session_id="reference")
+        views = next(gem_inputs)  # the middleware's OpenAI-format views of the history, as GEM was given them
+        assert [essentials(m) for m in views] == [essentials(m) for m in history], f"call {call}"
+        expected = reference.compress(views, session_id="reference")
         assert [essentials(m) for m in received] == [essentials(m) for m in expected.messages], f"call {call}"
         assert_tool_pairing([openai_form(m) for m in received])
         assert (stats["action"], stats["messages_after"], stats["removed_blocks"]) == (
@@ -182,9 +185,10 @@ def test_recorded_run_through_create_agent_sees_what_gem_forwards(name, setting)
     assert compressed > 0  # each setting cuts a run of 20 blocks or more
 
 
-def test_threads_are_kept_apart():
+def test_threads_are_kept_apart(monkeypatch):
     """Two agents on the same task sharing one middleware, the second half a run behind, stepped in turn: each
     thread is compressed as if it ran alone."""
+    inputs = GEMInputs(monkeypatch)
     recorded = canonical(dict(RUNS)[RUN_IDS[0]])
     middleware = GEMMiddleware(preset="cache-aware", overrides=["rewrite_above_blocks=16"], encoder="hash")
     agents = [replay_agent(recorded, middleware) for _ in range(2)]
@@ -198,12 +202,15 @@ def test_threads_are_kept_apart():
         pass
     for _ in second:
         pass
-    reference = GEM(with_overrides("cache-aware", ["rewrite_above_blocks=16"]), encoder="hash")
     positions = call_positions(recorded) + [len(recorded)]
-    expected = [[essentials(m) for m in reference.compress(recorded[:p], session_id="alone").messages]
-                for p in positions]
-    assert any(len(e) < p for e, p in zip(expected, positions))  # the budget makes it rewrite
-    for _, model, _, _ in agents:
+    assert len(inputs.calls) == 2  # one session per thread
+    for (_, model, _, _), thread_inputs in zip(agents, inputs.calls.values()):  # the first thread started first
+        reference = GEM(with_overrides("cache-aware", ["rewrite_above_blocks=16"]), encoder="hash")
+        assert [[essentials(m) for m in views] for views in thread_inputs] == [
+            [essentials(m) for m in recorded[:p]] for p in positions]
+        expected = [[essentials(m) for m in reference.compress(views, session_id="reference").messages]
+                    for views in thread_inputs]
+        assert any(len(e) < p for e, p in zip(expected, positions))  # the budget makes it rewrite
         assert [[essentials(m) for m in received] for received in model.received] == expected
 
 

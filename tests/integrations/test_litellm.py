@@ -22,7 +22,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 from litellm.types.utils import CallTypes, Message  # noqa: E402
-from recorded_runs import assert_tool_pairing, call_positions, recorded_runs  # noqa: E402
+from recorded_runs import GEMInputs, assert_tool_pairing, call_positions, recorded_runs  # noqa: E402
 
 from gemkernels.compress.config import with_overrides  # noqa: E402
 from gemkernels.compress.gem import GEM  # noqa: E402
@@ -145,7 +145,8 @@ SETTINGS = {"balanced": ("balanced", []), "cache-aware": ("cache-aware", ["rewri
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("name", RUN_IDS)
-def test_recorded_run_through_acompletion_is_what_gem_forwards(name, setting, callbacks, run):
+def test_recorded_run_through_acompletion_is_what_gem_forwards(name, setting, callbacks, run, monkeypatch):
+    inputs = GEMInputs(monkeypatch)
     recorded = dict(RUNS)[name]
     positions = call_positions(recorded)
     upstream, spy = ReplayUpstream([recorded[p] for p in positions]), StatsSpy()
@@ -162,8 +163,10 @@ def test_recorded_run_through_acompletion_is_what_gem_forwards(name, setting, ca
 
     reference = GEM(with_overrides(preset, overrides), encoder="hash")
     compressed = 0
+    given = inputs.only()
     for call, position in enumerate(positions):
-        expected = reference.compress(recorded[:position], session_id="reference")
+        assert [essentials(m) for m in given[call]] == [essentials(m) for m in recorded[:position]], f"call {call}"
+        expected = reference.compress(given[call], session_id="reference")  # what litellm handed GEM, as it was
         sent = upstream.bodies[call]["messages"]
         assert [essentials(m) for m in sent] == [essentials(m) for m in expected.messages], f"call {call}"
         assert_tool_pairing(sent)
