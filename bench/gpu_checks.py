@@ -185,11 +185,11 @@ def check_profile(smoke: bool) -> str:
 def check_registers(smoke: bool) -> str:
     """Registers and spills of every kernel variant this process compiled, read from the JIT's cache (what ran,
     against tests/compile_kernels.py's ahead-of-time figures)."""
-    from gemkernels.kernels import gram, greedy_exact, greedy_fused, greedy_resident, greedy_stepwise
+    from gemkernels.kernels import gram, greedy_exact, greedy_fused, greedy_resident, greedy_stepwise, norms
 
-    kernels = (gram.gram_kernel, greedy_resident.greedy_resident_kernel, greedy_fused.greedy_fused_kernel,
-               greedy_stepwise.pivot_direction_kernel, greedy_stepwise.residual_update_kernel,
-               greedy_exact.greedy_exact_kernel)
+    kernels = (gram.gram_kernel, norms.row_norms_kernel, greedy_resident.greedy_resident_kernel,
+               greedy_fused.greedy_fused_kernel, greedy_stepwise.pivot_direction_kernel,
+               greedy_stepwise.residual_update_kernel, greedy_exact.greedy_exact_kernel)
     rows = []
     for fn in kernels:
         for caches in getattr(fn, "device_caches", {}).values():

@@ -6,7 +6,10 @@ a. CPU backends, one session (n=512, d=1024, tau=1.0, k=16: exactly 16 steps, fl
    on numpy (and numba, where installed) against the sequential floor (16 back-to-back ``X @ v``, the
    matrix-vector products the greedy cannot avoid) and against one GEMM ``X @ Q.T`` with 16 rows in Q;
    where threadpoolctl is installed, the floor and numpy again with one BLAS thread, against the floor as the
-   process runs it (its default BLAS threads).
+   process runs it (its default BLAS threads); and what bounds a numpy loop: the norms and the 16 steps'
+   arithmetic alone (`numpy_step_floor`), and ``X @ Q.T`` with 2, 4, 8 and 16 rows in Q (fewer, larger BLAS
+   calls: the price of a block of Gram rows against as many ``X @ v``) with the blocks that speculating on the next
+   pivots would need (`speculative_blocks`).
 b. torch on the CPU, 64 sessions of 64 x 384 (tau=0.9, k=16): one ``select_batch`` against 64
    ``select`` calls; the numpy and numba backends on the same batch alongside.
 c. CUDA only: each triton path (gram, fused, stepwise) against the torch backend at S=1024,
@@ -130,6 +133,57 @@ def one_blas_thread() -> Callable[[Callable[[], object]], Callable[[], object]] 
     return wrap
 
 
+def numpy_step_floor(x: np.ndarray, steps: int) -> float:
+    """The numpy backend's formulation with nothing but its arithmetic: the row norms, then ``steps`` steps of one Gram
+    row ``X @ x_j``, its correction by the earlier directions, its scale, the residual and energy update and the
+    argmax (no checks, stop tests, copies or near-dependence: the least any numpy loop of this formulation
+    costs). Returns the captured energy."""
+    n = x.shape[0]
+    inv_norms = (1.0 / np.sqrt(np.vecdot(x, x))).astype(np.float32)
+    inv_sq = np.square(inv_norms)
+    scaled, decrease = np.empty((steps, n), dtype=np.float32), np.empty(n, dtype=np.float32)
+    residuals, scores = np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32)
+    energy = 0.0
+    for m in range(steps):
+        j = int(scores.argmax())
+        new = scaled[m]
+        np.matmul(x, x[j], out=new)
+        if m:
+            np.subtract(new, np.dot(scaled[:m, j], scaled[:m], out=decrease), out=new)
+        np.multiply(new, float(inv_norms[j]) / np.sqrt(float(residuals[j])), out=new)
+        np.multiply(new, inv_sq, out=decrease)
+        energy += float(np.dot(decrease, new))
+        np.multiply(decrease, new, out=decrease)
+        np.subtract(residuals, decrease, out=residuals)
+        np.subtract(scores, decrease, out=scores)
+        scores[j] = -np.inf
+    return energy
+
+
+def speculative_blocks(x: np.ndarray, steps: int, rows: int) -> int:
+    """How many GEMMs of ``rows`` Gram rows the greedy's ``steps`` pivots need when each one, made where a pivot's
+    row is missing, takes the ``rows`` candidates then leading (the pivot first): the best case of speculating on
+    the next pivots, from the float64 greedy."""
+    unit = x.astype(np.float64) / np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
+    residuals, coords, taken, block, blocks = np.ones(len(x)), [], [], set(), 0
+    for _ in range(steps):
+        scores = residuals.copy()
+        scores[taken] = -np.inf
+        j = int(scores.argmax())
+        if j not in block:
+            blocks += 1
+            block = set(np.argsort(-scores, kind="stable")[:rows].tolist())
+        c = (unit @ unit[j] - sum(ct[j] * ct for ct in coords)) / np.sqrt(residuals[j])
+        coords.append(c)
+        residuals = residuals - c * c
+        taken.append(j)
+    return blocks
+
+
+#: Rows of Q in the narrow GEMMs `bench_numpy` times against as many matrix-vector products.
+BLOCK_ROWS = (2, 4, 8, 16)
+
+
 def bench_numpy(rec: Recorder, repeats: int) -> None:
     case = cases.NUMPY_ONE
     n, d, b = case.n, case.d, case.k
@@ -153,12 +207,15 @@ def bench_numpy(rec: Recorder, repeats: int) -> None:
     def gemm():
         return x @ q.T
 
+    blocks = {p: np.ascontiguousarray(x[:p]) for p in BLOCK_ROWS[:-1]}  # 16 rows: "gemm" above
     backends = cpu_backends()
     for name in backends:
         expect_steps([len(select(name)().indices)], b, f"{name} select")
     limited = {} if one_thread is None else {"floor": one_thread(floor), "numpy": one_thread(select("numpy"))}
     t = compare({"floor": floor, "gemm": gemm} | {name: select(name) for name in backends}
-                | {f"{name}, 1 BLAS thread": fn for name, fn in limited.items()}, repeats)
+                | {f"{name}, 1 BLAS thread": fn for name, fn in limited.items()}
+                | {"step floor": lambda: numpy_step_floor(x, b)}
+                | {f"gemm {p}": (lambda q=q: x @ q.T) for p, q in blocks.items()}, repeats)
     config = case.describe() | {"dtype": "float32"}
     rec.row(f"sequential floor ({b} x X@v)", config, t["floor"],
             bytes_moved=bytes_moved, flops=flops, gb_per_s=bytes_moved / t["floor"].median / 1e9)
@@ -172,6 +229,15 @@ def bench_numpy(rec: Recorder, repeats: int) -> None:
         timing = t[f"{name}, 1 BLAS thread"]
         rec.row(f"{'sequential floor' if name == 'floor' else 'gk.select numpy'}, 1 BLAS thread",
                 config | {"blas_threads": 1}, timing, {"/floor": timing.median / t["floor"].median})
+    rec.row(f"numpy's step floor (norms + {b} steps' arithmetic)", config, t["step floor"],
+            {"/floor": t["step floor"].median / t["floor"].median})
+    for p in BLOCK_ROWS:  # a block of p Gram rows in one BLAS call, against p of the floor's X @ v
+        timing = t[f"gemm {p}"] if p < b else t["gemm"]
+        rec.row(f"one GEMM X@Q.T, {p} rows in Q", config | {"rows": p}, timing,
+                {f"/({p} x X@v)": timing.median / (p * t["floor"].median / b)})
+        count = speculative_blocks(x, b, p)  # speculating on the next pivots: that many blocks for b pivots
+        rec.row(f"{b} pivots from speculative blocks of {p}: {count} GEMMs", config | {"rows": p, "blocks": count},
+                count * timing.median, {"/floor": count * timing.median / t["floor"].median})
 
 
 # --------------------------------------------------------------------------- b. torch batch against a loop
@@ -324,7 +390,6 @@ def gram_tiles_one_dtype(rec: Recorder, case: cases.Case, device: str, dtype: st
     rate = matmul_rate(device, dtype, 8192 if device == "cuda" else 512, max(3, repeats // 4))
     batch = cases.ragged_batch(case, device, getattr(torch, dtype))
     x = batch.values
-    inv_norm = torch.linalg.vector_norm(x, dim=1, dtype=torch.float32).reciprocal()
     offsets = torch.tensor(batch.offsets, device=x.device)  # a copy of the batch's read-only offsets
     lengths = batch.lengths
     bytes_floor = (x.nbytes + 4 * case.sessions * case.n ** 2) / bandwidth
@@ -341,7 +406,7 @@ def gram_tiles_one_dtype(rec: Recorder, case: cases.Case, device: str, dtype: st
         options = TritonOptions(path="gram", block_m=block_m, block_k=block_k, gram_warps=warps, gram_stages=stages)
 
         def gram(block_m=block_m, block_k=block_k, warps=warps, stages=stages):
-            return ragged_gram(x, inv_norm, offsets, lengths, block_m, block_k, warps, stages)
+            return ragged_gram(x, offsets, lengths, block_m, block_k, warps, stages)
 
         def select(options=options):
             with using(options):

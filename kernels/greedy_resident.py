@@ -5,7 +5,9 @@ projections ``C`` (``BLOCK_W x BLOCK_N``, one row per direction) never leave the
 pivot's Gram row comes from ``SOURCE``: ``"gram"`` reads one row of a precomputed G, ``"x"``
 makes one pass over the session's X, ``"chip"`` takes it from the session's whole G, computed
 by the program itself with ``tl.dot`` (tensor cores for fp16/bf16; X read once, nothing else
-from memory). Sessions must have at most ``BLOCK_N`` rows and at most ``BLOCK_W`` steps
+from memory; the rows' inverse norms come from its diagonal, and are stored, with the rows' bad flags, for
+``greedy_exact`` and the host: a session with a bad row takes no step). Sessions must have at most ``BLOCK_N`` rows
+and at most ``BLOCK_W`` steps
 (`resident_fits`). A session whose pivot is near-dependent (``pivot.NEAR_DEPENDENCE``) stops there with
 count -1: ``greedy_exact`` selects it again.
 """
@@ -15,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gram import input_precision, normalised_tile
+from .gram import input_precision, unit_gram_tile
 from .launch import greedy_outputs
 from .pivot import (
     NEAR_DEPENDENCE,
@@ -31,7 +33,7 @@ from .pivot import (
 @triton.jit(do_not_specialize=["width"])
 def greedy_resident_kernel(
     x_ptr, inv_norm_ptr, gram_ptr, gram_offsets_ptr, offsets_ptr, protected_idx_ptr, protected_offsets_ptr,
-    candidate_ptr, tau_ptr, capacity_ptr, residuals_ptr, indices_ptr, counts_ptr, coverage_ptr,
+    candidate_ptr, tau_ptr, capacity_ptr, residuals_ptr, indices_ptr, counts_ptr, coverage_ptr, bad_rows_ptr,
     eps, d, stride_x, width,
     SOURCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
@@ -45,16 +47,19 @@ def greedy_resident_kernel(
     slots = tl.arange(0, BLOCK_W)
     m = rows < n
 
-    if SOURCE == "chip":
-        gram = normalised_tile(x_ptr, inv_norm_ptr, start, rows, rows, n, d, stride_x, BLOCK_N, BLOCK_D, EVEN_D,
-                               INPUT_PRECISION)  # the session's whole G
+    running = 1
+    if SOURCE == "chip":  # the session's whole G, and its rows' norms from its diagonal
+        gram, inv_norm, bad = unit_gram_tile(x_ptr, start, rows, n, d, stride_x, BLOCK_N, BLOCK_D, EVEN_D,
+                                             INPUT_PRECISION)
+        tl.store(inv_norm_ptr + start + rows, inv_norm, mask=m)
+        tl.store(bad_rows_ptr + start + rows, bad.to(tl.int8), mask=m)
+        running = 1 - tl.max(bad.to(tl.int32), axis=0)
     residuals = tl.where(m, 1.0, 0.0)
     candidate = tl.load(candidate_ptr + start + rows, mask=m, other=0) != 0
     projections = tl.zeros([BLOCK_W, BLOCK_N], dtype=tl.float32)  # C: row k = direction k's coordinates
     t = 0
     directions = 0
     coverage = 0.0
-    running = 1
     while running != 0:
         score = tl.where(candidate, residuals, -1.0)
         best = tl.max(score, axis=0)
@@ -126,15 +131,17 @@ def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
                     protected_offsets: torch.Tensor, candidate: torch.Tensor, tau: torch.Tensor,
                     capacity: torch.Tensor, eps: float, width: int, lengths: np.ndarray, source: str,
                     gram: torch.Tensor | None = None, gram_offsets: torch.Tensor | None = None,
-                    max_block_d: int | None = None):
+                    max_block_d: int | None = None, bad_rows: torch.Tensor | None = None):
     """Launch one program per session; returns (indices (S, width) -1 padded, counts, coverage, residuals).
 
     ``lengths`` are the sessions' row counts (host), which must `resident_fits` ``source``; ``gram`` and
     ``gram_offsets`` (as in `greedy_fused`) for source "gram"; ``max_block_d`` caps the X tile's width
-    (tests cross its edges).
+    (tests cross its edges). For source "chip" the kernel writes ``inv_norm`` and ``bad_rows`` (int8, one per
+    row; required); the other sources read ``inv_norm``.
     """
-    if source not in SOURCES or (gram is not None) != (source == "gram"):
-        raise ValueError(f"source must be one of {SOURCES}, with a Gram matrix exactly for 'gram'; got {source!r}")
+    if source not in SOURCES or (gram is not None, bad_rows is not None) != (source == "gram", source == "chip"):
+        raise ValueError(f"source must be one of {SOURCES}, with a Gram matrix exactly for 'gram' and bad-row flags "
+                         f"exactly for 'chip'; got {source!r}")
     n_max = int(np.max(lengths))
     if not resident_fits(n_max, width, source):
         raise ValueError(f"sessions of {n_max} rows taking {width} steps do not fit the resident greedy "
@@ -149,7 +156,7 @@ def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
                                                                               gram_offsets)
     greedy_resident_kernel[(sessions,)](
         x, inv_norm, gram, gram_offsets, offsets, protected_idx, protected_offsets, candidate, tau, capacity,
-        residuals, indices, counts, coverage, eps, d, x.stride(0), width,
+        residuals, indices, counts, coverage, residuals if bad_rows is None else bad_rows, eps, d, x.stride(0), width,
         SOURCE=source, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d, EVEN_D=source == "chip" and d % block_d == 0,
         INPUT_PRECISION=input_precision(x.dtype), num_warps=num_warps,
     )

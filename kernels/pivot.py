@@ -23,6 +23,8 @@ BASIS_TILE = tl.constexpr(16)
 #: fp32's smallest normal number: a residual below it adds no direction whatever eps is (a GPU flushes such a
 #: denormal to zero, and 1/sqrt of it would be inf, then NaN).
 SMALLEST_NORMAL = tl.constexpr(float(np.finfo(np.float32).tiny))
+#: fp32's largest finite number: a squared norm above it (inf) or not comparable (NaN) marks a bad row.
+LARGEST = tl.constexpr(float(np.finfo(np.float32).max))
 
 
 @triton.jit
@@ -48,6 +50,15 @@ def inverse_sqrt(r):
     """``1 / sqrt(r)`` correctly rounded twice (``sqrt.rn``, ``div.rn``; ``tl.sqrt`` and ``/`` compile to
     approximations), for ``r`` a positive normal fp32 number: one per step, the pivot's scale."""
     return tl.div_rn(1.0, tl.sqrt_rn(r))
+
+
+@triton.jit
+def inverse_norms(sq_norms, m):
+    """(``1 / sqrt(sq_norms)``, 0 where ``m`` is false or a row is bad; the bad rows where ``m``): a row is bad when its
+    fp32 squared norm is 0 or not finite (all zeros, not finite, or too large or too small for fp32), as
+    `gemkernels.select.api.row_sq_norms` decides."""
+    good = (sq_norms > 0.0) & (sq_norms <= LARGEST)  # NaN fails both
+    return tl.where(m & good, inverse_sqrt(tl.where(good, sq_norms, 1.0)), 0.0), m & (good == 0)
 
 
 @triton.jit
@@ -91,17 +102,16 @@ def should_stop(forced, best, t, capacity, coverage, tau, eps):
 @triton.jit
 def gram_row_chunk(x_ptr, inv_norm_ptr, gram_ptr, start, n, pivot, c0, d, stride_x,
                    FROM_GRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows c0..c0+BLOCK_N of G[pivot, :] for one session (zeros past n)."""
+    """Rows c0..c0+BLOCK_N of G[pivot, :] for one session (zeros past n), normalised: the dot products (a row of the
+    session's G, not normalised, or one pass over X) scaled by s_i s_pivot, one factor whichever the source."""
     rows = c0 + tl.arange(0, BLOCK_N)
     m = rows < n
     if FROM_GRAM:
-        g = tl.load(gram_ptr + pivot.to(tl.int64) * n + rows, mask=m, other=0.0)
+        acc = tl.load(gram_ptr + pivot.to(tl.int64) * n + rows, mask=m, other=0.0)
     else:
         acc = row_dots(x_ptr, start, rows, m, x_ptr + (start + pivot).to(tl.int64) * stride_x, d, stride_x, BLOCK_N,
                        BLOCK_D)
-        scale = tl.load(inv_norm_ptr + start + rows, mask=m, other=0.0) * tl.load(inv_norm_ptr + start + pivot)
-        g = acc * scale
-    return g
+    return acc * (tl.load(inv_norm_ptr + start + rows, mask=m, other=0.0) * tl.load(inv_norm_ptr + start + pivot))
 
 
 @triton.jit
@@ -116,6 +126,19 @@ def row_dots(x_ptr, start, rows, m, v_ptr, d, stride_x, BLOCK_N: tl.constexpr, B
         xt = tl.load(row_ptr + d0 + cols[None, :], mask=m[:, None] & cm[None, :], other=0.0).to(tl.float32)
         v = tl.load(v_ptr + d0 + cols, mask=cm, other=0.0).to(tl.float32)
         acc += tl.sum(xt * v[None, :], axis=1)
+    return acc
+
+
+@triton.jit
+def squared_norms(x_ptr, start, rows, m, d, stride_x, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``||X[start + rows]||^2`` in fp32 for the rows where ``m`` (zeros elsewhere), X in BLOCK_N x BLOCK_D tiles."""
+    cols = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row_ptr = x_ptr + (start + rows).to(tl.int64)[:, None] * stride_x
+    for d0 in range(0, d, BLOCK_D):
+        xt = tl.load(row_ptr + d0 + cols[None, :], mask=m[:, None] & (d0 + cols < d)[None, :], other=0.0)
+        xt = xt.to(tl.float32)
+        acc += tl.sum(xt * xt, axis=1)
     return acc
 
 

@@ -31,6 +31,7 @@ from gemkernels.kernels.greedy_exact import EXACT_WARPS, greedy_exact_kernel
 from gemkernels.kernels.greedy_fused import greedy_fused_kernel
 from gemkernels.kernels.greedy_resident import SOURCES, greedy_resident_kernel, resident_blocks, resident_fits
 from gemkernels.kernels.greedy_stepwise import pivot_direction_kernel, residual_update_kernel
+from gemkernels.kernels.norms import row_norms_kernel
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
@@ -45,7 +46,7 @@ POINTER_TYPES = {
     "protected_idx_ptr": torch.int32, "capacity_ptr": torch.int32, "directions_ptr": torch.int32,
     "tile_session_ptr": torch.int32, "tile_start_ptr": torch.int32, "tile_row_ptr": torch.int32,
     "tile_col_ptr": torch.int32, "candidate_ptr": torch.int8, "candidate_init_ptr": torch.int8,
-    "adding_ptr": torch.int8, "running_ptr": torch.int8,
+    "adding_ptr": torch.int8, "running_ptr": torch.int8, "bad_rows_ptr": torch.int8, "bad_sessions_ptr": torch.int8,
 }
 X_DTYPES = {"*fp32": torch.float32, "*fp16": torch.float16, "*bf16": torch.bfloat16}
 #: d (and X's row stride) of an aligned and of an unaligned launch; the other integers (row totals, widths, session
@@ -135,6 +136,9 @@ def variants() -> list[Variant]:
                            4, aligned=aligned))
         out.append(Variant("greedy_exact", greedy_exact_kernel, x_dtype, dict(BLOCK_N=128, BLOCK_D=stream_d),
                            EXACT_WARPS, aligned=aligned))
+        for from_gram in (False, True):
+            out.append(Variant("row_norms", row_norms_kernel, x_dtype, dict(
+                FROM_GRAM=from_gram, BLOCK_N=128, BLOCK_D=stream_d), 4, aligned=aligned))
     return out
 
 

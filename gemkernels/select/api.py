@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from gemkernels.select.arrays import NUMPY, TORCH, convert_like, library_of, to_numpy
-from gemkernels.select.backends import Backend, auto_backend, get_backend
+from gemkernels.select.backends import Backend, WarmUp, auto_backend, get_backend
 from gemkernels.select.backends.numpy_backend import compute_dtype
 from gemkernels.select.ragged import RaggedBatch, as_float_matrix, index_mask
 from gemkernels.select.result import RaggedSelection, Selection, stop_reason
@@ -75,17 +75,23 @@ def select_ragged(batch: RaggedBatch, tau: Any = DEFAULT_TAU, k: Any = DEFAULT_K
     tau_s = per_session_tau(tau, sessions)
     k_s = per_session_k(k, sessions)
     eps = check_eps(eps)
-    sq_norms = row_sq_norms(batch.values, batch.offsets)
 
     impl = get_backend(auto_backend(batch.values) if backend == "auto" else backend)
+    checks_rows = getattr(impl, "CHECKS_ROWS", False)
+    sq_norms = None if checks_rows else row_sq_norms(batch.values, batch.offsets)
     caller_lib, caller_device = library_of(batch.values), getattr(batch.values, "device", None)
     compute_device = impl.device(batch.values)
     values = convert_like(batch.values, impl.LIBRARY, compute_device)
-    sq_norms = convert_like(sq_norms, impl.LIBRARY, compute_device)
+    if sq_norms is not None:
+        sq_norms = convert_like(sq_norms, impl.LIBRARY, compute_device)
 
     counts_p = batch.protected_counts
     capacity = session_capacity(k_s, counts_p, batch.lengths)
     packed = impl.select_packed(batch, values, sq_norms, tau_s, capacity, eps)
+    if checks_rows:
+        bad = to_numpy(packed.bad_rows)  # the call's one wait for the device
+        if bad.any():
+            raise bad_row_error(batch.values, int(np.argmax(bad != 0)), batch.offsets)
 
     out_device = caller_device if caller_lib == TORCH else None
     return RaggedSelection(
@@ -97,21 +103,46 @@ def select_ragged(batch: RaggedBatch, tau: Any = DEFAULT_TAU, k: Any = DEFAULT_K
     )
 
 
-def warm_up(backend: str, dim: int, k: int | None = None, max_rows: int | None = None,
-            seed: int = 0) -> list[tuple[int, int]]:
-    """Compile, before the first request, the kernels a server's selections of ``dim``-dimensional float32 rows
-    will launch on ``backend``: each of the backend's `warm_up_shapes` runs once, alone and in a batch of two.
+#: The most sessions `warm_up` expects in one batch: `gemkernels.serve.batching.SelectionBatcher`'s default.
+WARM_UP_MAX_BATCH = 64
 
-    Returns the ``(rows, k)`` shapes run (empty for a backend that compiles nothing ahead)."""
+
+def warm_up(backend: str, dim: int, k: int | None = None, max_rows: int | None = None,
+            max_batch: int = WARM_UP_MAX_BATCH, dtypes: Sequence[str] = ("float32",),
+            seed: int = 0) -> list[WarmUp]:
+    """Compile, before the first request, the kernels that selections of k steps (None: as many as rows) over
+    batches of up to ``max_batch`` sessions of up to ``max_rows`` rows of ``dim``-dimensional rows of each of
+    ``dtypes`` will launch on ``backend`` (a server's embeddings are float32; "float16", "bfloat16" and "float64"
+    for callers that pass those): each batch of the backend's `warm_up_shapes` is selected once (a lone session
+    also through `select`), the first session with one protected row.
+
+    Returns the batches run (empty for a backend that compiles nothing ahead)."""
     impl = get_backend(auto_backend(np.empty((1, dim), np.float32)) if backend == "auto" else backend)
-    shapes = impl.warm_up_shapes(dim, k, max_rows)
     rng = np.random.default_rng(seed)
-    for rows, steps in shapes:
-        x = rng.standard_normal((rows, dim)).astype(np.float32)
-        x = convert_like(x, impl.LIBRARY, impl.device(x))
-        select(x, protected=[0], k=steps, tau=1.0, backend=backend)
-        select_batch([x, x[:max(1, rows // 2)]], protected=[[0], []], k=steps, tau=1.0, backend=backend)
-    return shapes
+    runs = []
+    for dtype in dtypes:
+        for run in impl.warm_up_shapes(dim, k, max_rows, max_batch, dtype):
+            x = random_rows(rng, run.rows, dim, dtype, impl)
+            sessions = [x[:n] for n in run.lengths]
+            select_batch(sessions, protected=[[0]] + [[]] * (len(sessions) - 1), k=run.steps, tau=1.0,
+                         backend=backend)
+            if len(sessions) == 1:
+                select(x, protected=[0], k=run.steps, tau=1.0, backend=backend)
+            runs.append(run)
+    return runs
+
+
+def random_rows(rng: np.random.Generator, rows: int, dim: int, dtype: str, impl: Backend) -> Any:
+    """Gaussian ``(rows, dim)`` rows of ``dtype`` in ``impl``'s library, where it computes."""
+    x = rng.standard_normal((rows, dim)).astype(np.float32)
+    if impl.LIBRARY == NUMPY:
+        try:
+            return x.astype(np.dtype(dtype))
+        except TypeError:
+            raise ValueError(f"numpy rows have no dtype {dtype!r}") from None
+    import torch
+
+    return convert_like(x, impl.LIBRARY, impl.device(x)).to(getattr(torch, dtype))
 
 
 def session_capacity(k: Any, num_protected: Any, n: Any) -> Any:
@@ -194,17 +225,23 @@ def row_sq_norms(x: Any, offsets: np.ndarray | None = None) -> Any:
     host = to_numpy(sq)
     if host.min() > 0 and math.isfinite(host.max()):  # NaN fails the first test (min propagates it)
         return sq
-    row = int(np.argmax(~(np.isfinite(host) & (host > 0))))
+    raise bad_row_error(x, int(np.argmax(~(np.isfinite(host) & (host > 0)))), offsets)
+
+
+def bad_row_error(x: Any, row: int, offsets: np.ndarray | None = None) -> ValueError:
+    """The ValueError for packed row ``row`` of ``x``, whose squared norm is 0 or not finite in float32: it names
+    the row (and its session, given a batch's ``offsets``) and says what is wrong with it."""
     if offsets is None or len(offsets) == 2:
         where = f"row {row}"
     else:
         session = int(np.searchsorted(offsets, row, side="right") - 1)
         where = f"session {session} row {row - int(offsets[session])}"
+    lib = library_of(x)
     finite = bool(to_numpy(array_module(lib).isfinite(x[row])).all())
     nonzero = bool(to_numpy((x[row] != 0).any()))
     problem = ("not finite" if not finite else "all zeros" if not nonzero
                else "too large or too small to normalise in float32 (rescale the embeddings)")
-    raise ValueError(f"{where} of the embeddings is {problem}; every row must be finite and non-zero")
+    return ValueError(f"{where} of the embeddings is {problem}; every row must be finite and non-zero")
 
 
 def array_module(lib: str) -> Any:

@@ -63,6 +63,7 @@ class Compressor:
 
     def __init__(self, config: ServerConfig, metrics: Metrics):
         self.metrics, self.max_pending, self.workers = metrics, config.max_pending, config.threads
+        self.max_batch = config.max_batch
         self.encode_budget = config.encode_budget
         self.pending = 0
         self.selector = SelectionBatcher(config.max_batch, config.max_wait, config.max_pending,
@@ -131,10 +132,11 @@ def warm_up_kernels(compressor: Compressor) -> None:
     cfg = compressor.gem.config
     start = time.perf_counter()
     try:
-        shapes = warm_up(cfg.backend, compressor.encoder.dim, None if cfg.keep_recent_size else cfg.k)
+        shapes = warm_up(cfg.backend, compressor.encoder.dim, None if cfg.keep_recent_size else cfg.k,
+                         max_batch=compressor.max_batch)
     except Exception:
         logger.exception("could not compile the %s selection kernels ahead of the first request", cfg.backend)
         return
     if shapes:
         logger.info("compiled the %s selection kernels for sessions of up to %d rows in %.1f s", cfg.backend,
-                    shapes[-1][0], time.perf_counter() - start)
+                    max(batch.rows for batch in shapes), time.perf_counter() - start)

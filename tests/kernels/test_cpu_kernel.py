@@ -154,9 +154,16 @@ def test_warm_up_runs_both_kernels_on_float32_rows(monkeypatch):
             return kernel(*args)
 
         monkeypatch.setattr(greedy_cpu, name, spy)
-    assert warm_up("numba", 24) == [(8, 2)]
+    assert warm_up("numba", 24) == [(8, 2, (8,), "float32"), (8, 2, (8, 4), "float32")]
     f32 = np.dtype(np.float32)
     assert {("select_session", f32), ("select_sessions", f32)} <= set(seen), seen
+
+
+def test_warm_up_refuses_a_dtype_numpy_rows_cannot_hold():
+    from gemkernels.select.api import warm_up
+
+    with pytest.raises(ValueError, match="numpy rows have no dtype 'bfloat16'"):
+        warm_up("numba", 24, dtypes=("float32", "bfloat16"))
 
 
 def test_a_batch_called_from_a_pool_worker_runs_there():

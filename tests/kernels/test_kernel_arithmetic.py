@@ -19,7 +19,7 @@ from select_helpers import backend_marks  # noqa: E402
 
 pytestmark = backend_marks("triton")
 
-from gemkernels.kernels.gram import entry_offsets, normalised_tile  # noqa: E402
+from gemkernels.kernels.gram import entry_offsets, unit_gram_tile  # noqa: E402
 from gemkernels.kernels.pivot import session_scalars  # noqa: E402
 
 
@@ -78,30 +78,61 @@ def test_gram_entry_offsets_are_exact_past_2_31():
 
 
 @triton.jit
-def gram_tile_kernel(x_ptr, inv_norm_ptr, out_ptr, n, d, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Stores the session's whole normalised Gram tile, as the resident greedy computes it on chip."""
+def gram_tile_kernel(x_ptr, out_ptr, inv_norm_ptr, bad_ptr, n, d, stride_x, BLOCK_M: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """Stores the session's whole normalised Gram tile, its inverse norms and bad-row flags, as the resident greedy
+    computes them on chip."""
     rows = tl.arange(0, BLOCK_M)
-    g = normalised_tile(x_ptr, inv_norm_ptr, tl.zeros([], dtype=tl.int64), rows, rows, n, d, stride_x, BLOCK_M,
-                        BLOCK_K, False, "ieee")
+    g, inv_norm, bad = unit_gram_tile(x_ptr, tl.zeros([], dtype=tl.int64), rows, n, d, stride_x, BLOCK_M, BLOCK_K,
+                                      False, "ieee")
     tl.store(out_ptr + rows[:, None] * BLOCK_M + rows[None, :], g)
+    tl.store(inv_norm_ptr + rows, inv_norm)
+    tl.store(bad_ptr + rows, bad.to(tl.int8))
+
+
+def chip_tile(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(G, 1 / ||x_i||, bad flags) of rows ``x`` (at most 16) from `unit_gram_tile`, cut to the rows."""
+    from gemkernels.select.backends.triton_backend import kernel_device
+
+    n, d = x.shape
+    out = torch.zeros((16, 16), dtype=torch.float32, device=kernel_device())
+    inv_norm = torch.zeros(16, dtype=torch.float32, device=kernel_device())
+    bad = torch.zeros(16, dtype=torch.int8, device=kernel_device())
+    gram_tile_kernel[(1,)](torch.from_numpy(x).to(kernel_device()), out, inv_norm, bad, n, d, d, BLOCK_M=16,
+                           BLOCK_K=16)
+    return out.cpu().numpy()[:n, :n], inv_norm.cpu().numpy(), bad.cpu().numpy()
 
 
 @settings(max_examples=15, deadline=None)
 @given(st.integers(0, 2 ** 32 - 1), st.integers(2, 16), st.integers(1, 40))
 def test_on_chip_gram_is_exactly_symmetric(seed, n, d):
-    """G computed on chip scales each entry by one symmetric factor s_i s_j: scaled as (acc s_i) s_j, G[i, j] and
-    G[j, i] differed in the last bit in about one entry in four, so the on-chip greedy saw an asymmetric G."""
-    from gemkernels.select.backends.triton_backend import kernel_device
-
+    """G computed on chip scales each entry by one symmetric factor s_i s_j, s from its own diagonal (read along
+    rows and along columns, the same bits): scaled as (acc s_i) s_j, G[i, j] and G[j, i] differed in the last bit in
+    about one entry in four, so the on-chip greedy saw an asymmetric G."""
     x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
-    inv_norm = (1 / np.linalg.norm(x.astype(np.float64), axis=1)).astype(np.float32)
-    out = torch.zeros((16, 16), dtype=torch.float32, device=kernel_device())
-    gram_tile_kernel[(1,)](torch.from_numpy(x).to(kernel_device()), torch.from_numpy(inv_norm).to(kernel_device()),
-                           out, n, d, d, BLOCK_M=16, BLOCK_K=16)
-    g = out.cpu().numpy()[:n, :n]
+    g, inv_norm, bad = chip_tile(x)
     np.testing.assert_array_equal(g, g.T)
-    unit = x.astype(np.float64) * inv_norm.astype(np.float64)[:, None]
+    norms = np.linalg.norm(x.astype(np.float64), axis=1)
+    np.testing.assert_allclose(inv_norm[:n], 1 / norms, rtol=1e-6)
+    assert not inv_norm[n:].any() and not bad.any()
+    unit = x.astype(np.float64) / norms[:, None]
     np.testing.assert_allclose(g, unit @ unit.T, atol=4e-6)
+
+
+def test_on_chip_norms_flag_the_rows_fp32_cannot_normalise():
+    """Zero, inf, NaN and overflowing rows (squared norm inf in fp32) are flagged with a zero scale; an fp32-tiny row
+    whose squared norm is still a positive number is not."""
+    x = np.random.default_rng(7).standard_normal((8, 20)).astype(np.float32)
+    x[1] = 0
+    x[3, 5] = np.inf
+    x[4, 0] = np.nan
+    x[6] = 3e19  # squares past fp32's largest
+    x[7] *= 1e-18  # squared norm ~1e-35: small but normal
+    _, inv_norm, bad = chip_tile(x)
+    assert bad[:8].tolist() == [0, 1, 0, 1, 1, 0, 1, 0]
+    assert not inv_norm[[1, 3, 4, 6]].any()
+    np.testing.assert_allclose(inv_norm[[0, 2, 5, 7]], 1 / np.linalg.norm(x[[0, 2, 5, 7]].astype(np.float64), axis=1),
+                               rtol=1e-6)
 
 
 def kernel_inputs(x: np.ndarray, protected: list[int], k: int) -> dict:

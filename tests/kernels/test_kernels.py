@@ -33,8 +33,8 @@ def test_gram_plan_lists_each_upper_tile_once():
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("block_k", [8, 16])
 def test_ragged_gram_matches_float64_and_is_symmetric(dtype, block_k):
-    """Every entry of every session's G_s = X_hat X_hat^T, with tiles smaller than the sessions and d (24: the
-    unmasked K loop with BLOCK_K 8, the masked one with 16)."""
+    """Every entry of every session's G_s = X_s X_s^T (not normalised: its diagonal holds the squared norms), with tiles
+    smaller than the sessions and d (24: the unmasked K loop with BLOCK_K 8, the masked one with 16)."""
     from gemkernels.kernels.gram import ragged_gram
 
     from gemkernels.select.backends.triton_backend import kernel_device
@@ -48,16 +48,14 @@ def test_ragged_gram_matches_float64_and_is_symmetric(dtype, block_k):
     x[20] = 0.5 * x[18]  # a duplicate direction inside session 1
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     xt = torch.from_numpy(x).to(kernel_device())
-    inv_norm = torch.from_numpy(1.0 / np.linalg.norm(x.astype(np.float64), axis=1)).float().to(kernel_device())
-    gram, gram_offsets = ragged_gram(xt, inv_norm, torch.as_tensor(offsets, device=kernel_device()), lengths,
-                                     block_m=16, block_k=block_k)
+    gram, gram_offsets = ragged_gram(xt, torch.as_tensor(offsets, device=kernel_device()), lengths, block_m=16,
+                                     block_k=block_k)
     gram, gram_offsets = gram.cpu().numpy(), gram_offsets.cpu().numpy()
     assert gram.shape == (int((lengths ** 2).sum()),)
     for s, n in enumerate(lengths.tolist()):
         rows = x[offsets[s]:offsets[s + 1]].astype(np.float64)
-        unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
         got = gram[gram_offsets[s]:gram_offsets[s] + n * n].reshape(n, n)
-        np.testing.assert_allclose(got, unit @ unit.T, atol=2e-6 if dtype == "float32" else 2e-5)
+        np.testing.assert_allclose(got, rows @ rows.T, rtol=1e-5 if dtype == "float32" else 1e-3, atol=1e-4)
         np.testing.assert_array_equal(got, got.T)  # mirrored, not computed twice
 
 
@@ -137,29 +135,6 @@ def test_fused_greedy_refuses_coordinates_past_int32():
     with pytest.raises(ValueError, match="capacity x rows < 2\\^31.*path='stepwise'"):
         greedy_fused(x, *[torch.zeros(2, device=kernel_device())] * 7, eps=1e-6, width=16,
                      lengths=np.array([3, 2 ** 27]), capacities=np.array([3, 16]))
-
-
-def test_warm_up_launches_one_variant_per_row_bucket(monkeypatch):
-    """Sessions of 16, 32 and 64 rows in 24 dimensions, alone and in a batch of two: gram with G computed on chip
-    (X read once in two launches, `path_costs`), the register-resident greedy each time, with the row tile of that
-    bucket and a step tile for k. Without a GPU nothing compiles ahead, so nothing runs."""
-    from gemkernels.kernels import greedy_resident
-
-    from gemkernels.select.api import warm_up
-    from gemkernels.select.backends import triton_backend
-
-    assert warm_up("triton", 24, k=5, max_rows=40) == []  # the interpreter compiles nothing
-    monkeypatch.setattr(triton_backend, "compiles_ahead", lambda: True)
-    launched = []
-    monkeypatch.setattr(greedy_resident, "greedy_resident_kernel",
-                        KernelSpy(greedy_resident.greedy_resident_kernel, "greedy_resident", launched))
-    assert warm_up("triton", 24, k=5, max_rows=40) == [(16, 5), (32, 5), (64, 5)]
-    assert [(c["BLOCK_N"], c["BLOCK_W"], c["SOURCE"]) for _, c in launched] == [
-        (16, 8, "chip"), (16, 8, "chip"), (32, 8, "chip"), (32, 8, "chip"), (64, 8, "chip"), (64, 8, "chip")]
-    assert [triton_backend.choose_path(np.array([n]), 24) for n in (16, 32, 64)] == ["gram"] * 3
-    launched.clear()
-    assert warm_up("triton", 24, k=None, max_rows=16) == [(16, 16)]  # k = n: the step tile follows the rows
-    assert [(c["BLOCK_N"], c["BLOCK_W"]) for _, c in launched] == [(16, 16)] * 2
 
 
 #: (S, n, d, itemsize): the path `choose_path` takes, and the fused and stepwise estimates by hand.
@@ -386,7 +361,7 @@ def test_a_call_can_be_captured_in_a_cuda_graph(path, triton_options):
     xs = [torch.from_numpy(rng.standard_normal((n, 128)).astype(np.float32)).cuda() for n in (40, 300, 7)]
     batch = gk.RaggedBatch.from_list(xs, [[0], [5], []], None)
     values = batch.values
-    sq_norms = (values.float() ** 2).sum(dim=1)
+    sq_norms = None  # the kernels take them, as for the API, with the bad-row flags left on the device
     tau, capacity = np.full(3, 0.95), session_capacity(np.full(3, 8), batch.protected_counts, batch.lengths)
     expected = triton_backend.select_packed(batch, values, sq_norms, tau, capacity, 1e-6)  # compiles, warm
     stream = torch.cuda.Stream()
@@ -399,7 +374,7 @@ def test_a_call_can_be_captured_in_a_cuda_graph(path, triton_options):
         captured = triton_backend.select_packed(batch, values, sq_norms, tau, capacity, 1e-6)
     graph.replay()
     torch.cuda.synchronize()
-    for field in ("indices", "counts", "coverage", "residuals"):
+    for field in ("indices", "counts", "coverage", "residuals", "bad_rows"):
         torch.testing.assert_close(getattr(captured, field), getattr(expected, field), rtol=0, atol=0)
 
 

@@ -26,6 +26,7 @@ import gemkernels as gk  # noqa: E402
 from gemkernels.compress.blocks import parse_history  # noqa: E402
 from gemkernels.compress.config import with_overrides  # noqa: E402
 from gemkernels.compress.sessions import GEM_SESSION_HEADER as SESSION_HEADER  # noqa: E402
+from gemkernels.select.backends import WarmUp  # noqa: E402
 from gemkernels.serve.app import ServerConfig, create_app  # noqa: E402
 from gemkernels.serve.batching import MicroBatcher, QueueFullError, SelectionBatcher  # noqa: E402
 from gemkernels.serve.client_wrap import wrap  # noqa: E402
@@ -378,26 +379,28 @@ def test_the_proxy_and_the_client_wrapper_read_the_same_session(body, session):
     ("paper", (), "auto", "cfg.k"), ("paper", ("backend=triton",), "triton", "cfg.k"),
     ("cache-aware", ("backend=triton",), "triton", None), ("paper", ("backend=numba",), "numba", "cfg.k")])
 def test_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrides, backend, k):
-    """The selection backend's `warm_up` runs once before the app serves, with the encoder's dimension and k (None
-    when the preset selects until tau); a failing warm-up is logged and serving goes on."""
+    """The selection backend's `warm_up` runs once before the app serves, with the encoder's dimension, k (None
+    when the preset selects until tau) and the server's batch size; a failing warm-up is logged and serving goes
+    on."""
     from starlette.testclient import TestClient
 
     from gemkernels.serve import compressor
 
     calls = []
 
-    def warm_up(name, dim, k):
-        calls.append((name, dim, k))
+    def warm_up(name, dim, k, max_batch):
+        calls.append((name, dim, k, max_batch))
         if len(calls) > 1:
             raise RuntimeError("no compiler")
-        return [(16, k)]
+        return [WarmUp(16, k or 16, (16, 8), "float32"), WarmUp(12, k or 16, (12,), "float32")]
 
     monkeypatch.setattr(compressor, "warm_up", warm_up)
-    config = ServerConfig(upstream="http://127.0.0.1:9", preset=preset, overrides=overrides, encoder="hash-64")
+    config = ServerConfig(upstream="http://127.0.0.1:9", preset=preset, overrides=overrides, encoder="hash-64",
+                          max_batch=24)
     with caplog.at_level(logging.INFO, logger="gemkernels.serve"), TestClient(create_app(config)) as client:
         assert client.get("/healthz").status_code == 200
     expected_k = with_overrides(preset, overrides).k if k == "cfg.k" else None
-    assert calls == [(backend, 64, expected_k)]
+    assert calls == [(backend, 64, expected_k, 24)]
     assert f"compiled the {backend} selection kernels for sessions of up to 16 rows" in caplog.text
     with caplog.at_level(logging.ERROR, logger="gemkernels.serve"), TestClient(create_app(config)) as client:
         assert client.get("/healthz").status_code == 200

@@ -28,12 +28,14 @@ class BackendUnavailableError(RuntimeError):
 
 class PackedSelection(NamedTuple):
     """What a backend returns, in its own library: indices (S, W) -1 padded, counts (S,), coverage (S,),
-    residuals (N,)."""
+    residuals (N,); and, from a backend that `CHECKS_ROWS`, bad_rows (N,): non-zero for each row it could not
+    normalise (the caller reads it once and raises)."""
 
     indices: Any
     counts: Any
     coverage: Any
     residuals: Any
+    bad_rows: Any = None
 
 
 @runtime_checkable
@@ -42,7 +44,10 @@ class Backend(Protocol):
     them there, on ``device(values)``); ``select_packed`` runs a validated batch whose ``capacity`` is
     K_t = max(k, |P|) per session and returns packed results in ``LIBRARY``. Optional: ``select_one(x, sq_norms,
     protected, eligible, tau, capacity, eps) -> (order, coverage, residuals)``, one numpy session without the batch
-    layout, and ``unavailable_reason() -> str | None`` for a condition beyond its packages (a GPU)."""
+    layout, ``unavailable_reason() -> str | None`` for a condition beyond its packages (a GPU), and ``CHECKS_ROWS =
+    True``: the backend takes the rows' norms itself (``sq_norms`` None; a GPU backend then makes one pass over the
+    rows fewer and does not wait for the device before it returns) and flags the rows that are zero or not finite
+    in ``PackedSelection.bad_rows``."""
 
     LIBRARY: str
 
@@ -51,11 +56,15 @@ class Backend(Protocol):
 
     def select_packed(self, batch: RaggedBatch, values: Any, sq_norms: Any, tau: np.ndarray, capacity: np.ndarray,
                       eps: float) -> PackedSelection:
-        """Every session of ``batch``, from its rows in ``LIBRARY`` and their squared norms."""
+        """Every session of ``batch``, from its rows in ``LIBRARY`` and their squared norms (None for a backend that
+        `CHECKS_ROWS`)."""
 
-    def warm_up_shapes(self, dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
-        """The ``(rows, k)`` selections whose kernels a server should compile before its first request (k None:
-        as many steps as rows; max_rows None: the backend's own limit); empty when nothing compiles ahead."""
+    def warm_up_shapes(self, dim: int, k: int | None, max_rows: int | None, max_batch: int,
+                       dtype: str) -> list[WarmUp]:
+        """The batches of ``dim``-dimensional rows of ``dtype`` (a dtype name) whose kernels a server should compile
+        before its first request, for selections of k steps (None: as many as rows) over batches of up to
+        ``max_batch`` sessions of up to ``max_rows`` rows (None: the backend's own limit); empty when nothing
+        compiles ahead."""
 
 
 def computes_in_place(values: Any) -> None:
@@ -63,7 +72,17 @@ def computes_in_place(values: Any) -> None:
     return None
 
 
-def compiles_nothing(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
+class WarmUp(NamedTuple):
+    """One batch a warm-up selects: sessions of ``lengths`` rows (the first, the longest, has ``rows``) of ``dtype``,
+    ``steps`` steps each (`Backend.warm_up_shapes`)."""
+
+    rows: int
+    steps: int
+    lengths: tuple[int, ...]
+    dtype: str
+
+
+def compiles_nothing(dim: int, k: int | None, max_rows: int | None, max_batch: int, dtype: str) -> list[WarmUp]:
     """`Backend.warm_up_shapes` of the backends that compile nothing ahead."""
     return []
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from gemkernels.kernels import greedy_cpu
-from gemkernels.select.backends import PackedSelection, computes_in_place, dependency_threshold, near_dependence
+from gemkernels.select.backends import PackedSelection, WarmUp, computes_in_place, dependency_threshold, near_dependence
 from gemkernels.select.backends.numpy_backend import compute_dtype, empty_packed, inverse_norms
 from gemkernels.select.ragged import RaggedBatch
 
@@ -79,7 +79,7 @@ def select_packed(batch: RaggedBatch, values: np.ndarray, sq_norms: np.ndarray, 
     out = empty_packed(sessions, int(capacity.max()), values.shape[0], values.dtype)
     args = (values, inverse_norms(sq_norms, values.dtype), batch.offsets, batch.protected_rows, batch.protected_offsets,
             batch.eligible & ~batch.protected, tau, capacity.astype(np.int64, copy=False),
-            dependency_threshold(eps, values.dtype), near_dependence(values.dtype), *out)
+            dependency_threshold(eps, values.dtype), near_dependence(values.dtype), *out[:4])  # no bad_rows
     ranges = session_ranges(batch.offsets, THREADS)
     workers = _worker_pool() if len(ranges) > 1 else None
     if workers is None:
@@ -104,7 +104,8 @@ def select_one(x: np.ndarray, sq_norms: np.ndarray, protected: np.ndarray, eligi
     return order[:count], coverage, residuals
 
 
-def warm_up_shapes(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
-    """One small selection: it compiles (or loads from numba's on-disk cache) the one-session and the batch kernel
-    for float32 rows, whatever their width."""
-    return [(8, 2)]
+def warm_up_shapes(dim: int, k: int | None, max_rows: int | None, max_batch: int, dtype: str) -> list[WarmUp]:
+    """One small session alone and in a batch of two: they compile (or load from numba's on-disk cache) the
+    one-session and the batch kernel for rows of ``dtype`` (float16 is widened: float32's), whatever their width
+    and count."""
+    return [WarmUp(8, 2, (8,), dtype), WarmUp(8, 2, (8, 4), dtype)]

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from gemkernels.select.arrays import is_cuda
-from gemkernels.select.backends import PackedSelection, dependency_threshold
+from gemkernels.select.backends import PackedSelection, WarmUp, dependency_threshold
 from gemkernels.select.ragged import RaggedBatch
 
 LIBRARY = "torch"
@@ -185,18 +185,81 @@ def compiles_ahead() -> bool:
     return torch.cuda.is_available()
 
 
-def warm_up_shapes(dim: int, k: int | None, max_rows: int | None) -> list[tuple[int, int]]:
-    """One selection of k steps (None: as many as rows) per power-of-two row count from 16 up to ``max_rows``
-    (None: `WARM_UP_MAX_ROWS`): Triton compiles one variant per tile shape on first use (about a second each on
-    a GPU) and caches it on disk. Empty when nothing compiles ahead (`compiles_ahead`)."""
+def warm_up_shapes(dim: int, k: int | None, max_rows: int | None, max_batch: int, dtype: str) -> list[WarmUp]:
+    """Batches that launch every kernel variant a server's batches of up to ``max_batch`` sessions of up to
+    ``max_rows`` rows (None: `WARM_UP_MAX_ROWS`) of ``dtype`` will, one batch a variant (Triton compiles one per
+    path and tile shape on first use, about a second each on a GPU, and caches it on disk). Empty when nothing
+    compiles ahead (`compiles_ahead`).
+
+    The variants of a batch follow from its path, its longest session's row bucket (powers of two from 16) and its
+    width bucket (K_t of its widest session, a power of two: from min(k, rows) up to the rows, protected rows past k
+    included). For both ends of each pair of buckets (in the first row bucket, sessions shorter than k: both ends of
+    each width bucket) the shape rule is asked about 1 to ``max_batch`` sessions, the others as long as the longest,
+    of 1 row, or of the row bucket's shortest length."""
     if not compiles_ahead():
         return []
+    device = kernel_device()
+    itemsize = 4 if widened(getattr(torch, dtype), device) else getattr(torch, dtype).itemsize
+    sms = multiprocessors(device)
     limit = WARM_UP_MAX_ROWS if max_rows is None else max_rows
-    shapes, rows = [], 16
-    while rows < 2 * limit:
-        shapes.append((rows, rows if k is None else k))
-        rows *= 2
-    return shapes
+    runs, seen = [], set()
+    top = 16
+    while top < 2 * limit:
+        low = 0 if top == 16 else top // 2
+        most = min(top, limit)
+        for n_max in width_ends(1, most) if top == 16 else [low + 1, most]:
+            for steps in ([n_max] if k is None else width_ends(min(k, n_max), n_max)):
+                width = min(steps, n_max)
+                for lengths in candidate_batches(n_max, low + 1, max_batch):
+                    variant = launch_variant(choose_path(np.array(lengths), dim, itemsize, width, sms), n_max, width)
+                    if variant not in seen:
+                        seen.add(variant)
+                        runs.append(WarmUp(n_max, steps, lengths, dtype))
+        top *= 2
+    return runs
+
+
+def width_ends(least: int, most: int) -> list[int]:
+    """Both ends of each power-of-two bucket, (2^(i-1), 2^i], of the widths from ``least`` to ``most``."""
+    ends, top = set(), 1
+    while top // 2 < most:
+        first, last = max(least, top // 2 + 1), min(top, most)
+        if first <= last:
+            ends.update((first, last))
+        top *= 2
+    return sorted(ends)
+
+
+def candidate_batches(n_max: int, shortest: int, max_batch: int) -> Iterator[tuple[int, ...]]:
+    """Session lengths of 1 to ``max_batch`` sessions led by one of ``n_max`` rows: all of ``n_max``, or the rest of
+    1 row or of ``shortest``."""
+    for sessions in range(1, max_batch + 1):
+        for rest in sorted({n_max, 1, shortest}):
+            yield (n_max,) + (rest,) * (sessions - 1)
+            if sessions == 1:
+                break
+
+
+def launch_variant(path: str, n_max: int, width: int, resident: bool = True) -> tuple:
+    """What a batch on ``path`` whose longest session has ``n_max`` rows and whose widest takes ``width`` steps
+    launches: (its greedy's source of Gram rows, "chip", "gram" or "x", or "stepwise"; whether the greedy keeps its
+    state in registers; then, for that register-resident greedy, its `resident_blocks`). Batches of one variant launch
+    the same compiled kernels (for one X dtype and alignment)."""
+    from gemkernels.kernels.greedy_resident import resident_blocks, resident_fits
+
+    if path == "stepwise":
+        return "stepwise", False
+    source = "chip" if path == "gram" and resident and resident_fits(n_max, width, "chip") else (
+        "gram" if path == "gram" else "x")
+    if resident and resident_fits(n_max, width, source):
+        return (source, True) + resident_blocks(n_max, width, source)
+    return source, False
+
+
+def widened(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether rows of ``dtype`` are read as fp32: float64 (no fp64 kernels), and bf16 in Triton's CPU interpreter
+    (no bf16 arithmetic there)."""
+    return dtype == torch.float64 or (dtype == torch.bfloat16 and device.type != "cuda")
 
 
 def gram_groups(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
@@ -215,86 +278,106 @@ def gram_groups(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
 
 
 def select_in_groups(groups: list[tuple[int, int]], batch: RaggedBatch, values: torch.Tensor,
-                     sq_norms: torch.Tensor, tau: np.ndarray, capacity: np.ndarray, eps: float) -> PackedSelection:
+                     sq_norms: torch.Tensor | None, tau: np.ndarray, capacity: np.ndarray,
+                     eps: float) -> PackedSelection:
     """`select_packed` on each group of sessions, its packed results joined (indices padded to one width)."""
     parts = []
     for first, stop in groups:
         a, b = int(batch.offsets[first]), int(batch.offsets[stop])
-        parts.append(select_packed(batch.sessions(first, stop), values[a:b], sq_norms[a:b], tau[first:stop],
+        norms = None if sq_norms is None else sq_norms[a:b]
+        parts.append(select_packed(batch.sessions(first, stop), values[a:b], norms, tau[first:stop],
                                    capacity[first:stop], eps))
     width = int(capacity.max())
     indices = torch.cat([torch.nn.functional.pad(p.indices, (0, width - p.indices.shape[1]), value=-1)
                          for p in parts])
     return PackedSelection(indices, *(torch.cat([getattr(p, f) for p in parts])
-                                      for f in ("counts", "coverage", "residuals")))
+                                      for f in ("counts", "coverage", "residuals")),
+                           bad_rows=None if sq_norms is not None else torch.cat([p.bad_rows for p in parts]))
 
 
-def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor, tau: np.ndarray,
+#: The backend computes the rows' norms itself (`select_packed` with ``sq_norms`` None) and reports the rows it
+#: cannot normalise in `PackedSelection.bad_rows` (`gemkernels.select.backends.Backend`).
+CHECKS_ROWS = True
+
+
+def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tensor | None, tau: np.ndarray,
                   capacity: np.ndarray, eps: float) -> PackedSelection:
-    """Prepare the packed inputs the kernels share, run the chosen path, return packed results."""
+    """Prepare the packed inputs the kernels share, run the chosen path, return packed results.
+
+    With ``sq_norms`` None the kernels take the rows' norms themselves, from the Gram matrices' diagonals on the
+    gram path (the one on chip, or G in memory) and from one pass over X on the others, and the result's
+    ``bad_rows`` flags the rows that are zero or not finite in fp32 (int8, on the device: nothing here waits for
+    it); a session with such a row takes its protected steps only."""
     from gemkernels.kernels.gram import ragged_gram
     from gemkernels.kernels.greedy_exact import greedy_exact
     from gemkernels.kernels.greedy_fused import greedy_fused
-    from gemkernels.kernels.greedy_resident import greedy_resident, resident_fits
-    from gemkernels.kernels.greedy_stepwise import greedy_stepwise
+    from gemkernels.kernels.greedy_resident import greedy_resident
+    from gemkernels.kernels.greedy_stepwise import greedy_stepwise, row_tiles
     from gemkernels.kernels.launch import upload
+    from gemkernels.kernels.norms import row_norms
 
     if values.is_cuda and values.device.index != torch.cuda.current_device():
         with torch.cuda.device(values.device):  # Triton launches on the current device: make it the rows' one
             return select_packed(batch, values, sq_norms, tau, capacity, eps)
     options = current_options()
-    # no fp64 kernels; Triton's CPU interpreter has no bf16 arithmetic
-    widen = values.dtype == torch.float64 or (values.dtype == torch.bfloat16 and not values.is_cuda)
+    widen = widened(values.dtype, values.device)
     width, n_max = int(capacity.max()), int(batch.lengths.max())
     path = options.path or choose_path(batch.lengths, batch.dim, 4 if widen else values.element_size(), width,
                                        multiprocessors(values.device))
     if path not in PATHS:
         raise ValueError(f"unknown triton path {path!r}; choose one of {PATHS}")
-    on_chip = options.resident and path == "gram" and resident_fits(n_max, width, "chip")  # no G in memory
-    groups = gram_groups(batch.lengths, GRAM_MAX_BYTES) if path == "gram" and not on_chip else [(0, len(capacity))]
+    source, in_registers = launch_variant(path, n_max, width, options.resident)[:2]
+    groups = gram_groups(batch.lengths, GRAM_MAX_BYTES) if source == "gram" else [(0, len(capacity))]
     if len(groups) > 1:
         with using(replace(options, path=path)):  # every group on the path chosen for the whole batch
             return select_in_groups(groups, batch, values, sq_norms, tau, capacity, eps)
+    if source == "gram" and n_max * batch.dim >= GRAM_MAX_SESSION_ELEMENTS:
+        raise ValueError(f"the gram path takes sessions of fewer than {GRAM_MAX_SESSION_ELEMENTS} elements "
+                         f"(n x d); the longest here has {n_max * batch.dim}")
     x = (values.float() if widen else values).contiguous()
     device = x.device
-    inv_norm = sq_norms.to(torch.float32).rsqrt()
     protected_rows = batch.protected_rows
     every_row = batch.eligible.all()
+    norms_here = sq_norms is None and source != "chip"  # the chip greedy takes them from its own G
     # the per-call arrays in one pinned upload (copies: the kernels consume the candidate flags)
-    offsets, protected_idx, protected_offsets, protected_t, tau_t, capacity_t, *eligible = upload(
+    offsets, protected_idx, protected_offsets, protected_t, tau_t, capacity_t, *rest = upload(
         device, batch.offsets, np.append(protected_rows - batch.offsets[batch.protected_sessions], 0).astype(np.int32),
         batch.protected_offsets, protected_rows, np.asarray(tau, dtype=np.float32), capacity.astype(np.int32),
+        *(row_tiles(batch.lengths, STREAM_TILE)[:2] if norms_here else ()),
         *(() if every_row else (batch.eligible.view(np.int8),)))
-    candidate = torch.ones(len(batch.eligible), dtype=torch.int8, device=device) if every_row else eligible[0]
+    candidate = torch.ones(len(batch.eligible), dtype=torch.int8, device=device) if every_row else rest[-1]
     candidate[protected_t] = 0  # eligible, not protected, not yet selected
     eps = dependency_threshold(eps, np.float32)  # the kernels compute in fp32
     common = dict(eps=eps, width=width, block_n=options.block_n,
                   block_d=options.block_d or STREAM_BLOCK_D[rows_aligned(x)])
-    if path == "stepwise":
+    gram = gram_offsets = None
+    if source == "gram":
+        gram, gram_offsets = ragged_gram(x, offsets, batch.lengths, block_m=options.block_m, block_k=options.block_k,
+                                         num_warps=options.gram_warps, num_stages=options.gram_stages)
+    if sq_norms is not None:
+        inv_norm, bad_rows = sq_norms.to(torch.float32).rsqrt(), None
+    elif norms_here:
+        inv_norm, bad_rows, bad_sessions = row_norms(x, offsets, *rest[:2], gram=gram, gram_offsets=gram_offsets,
+                                                     block_n=STREAM_TILE, block_d=common["block_d"])
+        capacity_t.masked_fill_(bad_sessions != 0, 0)  # no completion steps over rows that cannot be normalised
+    else:  # written by the chip greedy
+        inv_norm = torch.empty(len(x), dtype=torch.float32, device=device)
+        bad_rows = torch.empty(len(x), dtype=torch.int8, device=device)
+    if source == "stepwise":
         return PackedSelection(*greedy_stepwise(x, inv_norm, offsets, batch.lengths, protected_idx, protected_offsets,
                                                 candidate, tau_t, capacity_t, capacities=capacity,
-                                                pivot_block_d=options.pivot_block_d, **common))
+                                                pivot_block_d=options.pivot_block_d, **common), bad_rows=bad_rows)
     candidate_init = candidate.clone()  # the Cholesky greedies consume theirs; greedy_exact starts again from it
-    if on_chip:
-        out = greedy_resident(x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t,
-                              eps=eps, width=width, lengths=batch.lengths, source="chip")
+    args = (x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t)
+    if source == "chip":  # G on chip, none in memory
+        out = greedy_resident(*args, eps=eps, width=width, lengths=batch.lengths, source="chip",
+                              bad_rows=bad_rows if sq_norms is None else torch.empty_like(candidate))
+    elif in_registers:
+        out = greedy_resident(*args, eps=eps, width=width, lengths=batch.lengths, source=source, gram=gram,
+                              gram_offsets=gram_offsets, max_block_d=options.block_d)
     else:
-        gram = gram_offsets = None
-        if path == "gram":
-            if n_max * batch.dim >= GRAM_MAX_SESSION_ELEMENTS:
-                raise ValueError(f"the gram path takes sessions of fewer than {GRAM_MAX_SESSION_ELEMENTS} elements "
-                                 f"(n x d); the longest here has {n_max * batch.dim}")
-            gram, gram_offsets = ragged_gram(x, inv_norm, offsets, batch.lengths, block_m=options.block_m,
-                                              block_k=options.block_k, num_warps=options.gram_warps,
-                                              num_stages=options.gram_stages)
-        args = (x, inv_norm, offsets, protected_idx, protected_offsets, candidate, tau_t, capacity_t)
-        source = "gram" if gram is not None else "x"
-        if options.resident and resident_fits(n_max, width, source):
-            out = greedy_resident(*args, eps=eps, width=width, lengths=batch.lengths, source=source, gram=gram,
-                                  gram_offsets=gram_offsets, max_block_d=options.block_d)
-        else:
-            out = greedy_fused(*args, lengths=batch.lengths, capacities=capacity, gram=gram, gram_offsets=gram_offsets,
-                               block_w=options.block_w, **common)
+        out = greedy_fused(*args, lengths=batch.lengths, capacities=capacity, gram=gram, gram_offsets=gram_offsets,
+                           block_w=options.block_w, **common)
     # the sessions a Cholesky greedy handed back at a near-dependent pivot, selected again by explicit Gram-Schmidt
     return PackedSelection(*greedy_exact(x, inv_norm, offsets, protected_idx, protected_offsets, candidate_init, tau_t,
-                                         capacity_t, out=out, **common))
+                                         capacity_t, out=out, **common), bad_rows=bad_rows)
