@@ -7,9 +7,9 @@ every other family, written to a temporary file, drives ``gem-cache-aware`` on t
 replay (`gemkernels.evaluate.online_replay`); beside it the shipped router (trained on all the development runs,
 so in-sample there) and the paper's selection on the same schedule (``cache-aware-geometry``). Rows: rewrites, the
 paired difference kept − newest of the same tokens at each rewrite (Top-3 of the next action, blocks it
-references; mean ± standard error), input tokens and price relative to the full history. ``--judge`` is the
-encoder the evidence metrics use (``--encoder`` chooses the blocks): a different one asks whether the choice
-holds under another geometry.
+references; mean ± standard error), input tokens and price relative to the full history. ``--encoder`` both
+chooses (GEM's encoder, the held-out routers' training) and measures (Top-3's geometry). GEM reads the task from
+each request, as ``gem serve`` does.
 """
 
 from __future__ import annotations

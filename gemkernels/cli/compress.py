@@ -81,7 +81,8 @@ def summary(stats: CompressionStats, labels: dict[int, str]) -> str:
         if picks:
             lines.append(f"  protected by {rule}: {picks}")
     if stats.core:
-        lines.append(f"  selected core ({len(stats.core)}, coverage {stats.coverage:.3f}): {stats.core}")
+        coverage = "" if stats.coverage is None else f", coverage {stats.coverage:.3f}"  # None: a ranked rewrite
+        lines.append(f"  selected core ({len(stats.core)}{coverage}): {stats.core}")
     if stats.removed_blocks:
         lines.append(f"  removed: {stats.removed_blocks}")
     if stats.chars_before:

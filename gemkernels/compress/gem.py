@@ -8,6 +8,7 @@ Whatever goes wrong, the original request goes out unchanged and the stats say w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -27,7 +28,7 @@ from gemkernels.compress.identity import local_digest, responses_said, said, sta
 from gemkernels.compress.policy import budget_reason, ceiling_drops, could_repay, repay_reason, reselection_reason
 from gemkernels.compress.references import EMPTY, Lexicon, block_lexicon
 from gemkernels.compress.representation import block_text
-from gemkernels.compress.router import call_signature, load_router, request_features
+from gemkernels.compress.router import Router, call_signature, load_router, request_features
 from gemkernels.compress.router.features import superseded
 from gemkernels.compress.router.ranking import retrieval_scores, router_order
 from gemkernels.compress.sessions import (
@@ -125,6 +126,8 @@ class GEM:
         # prompt, task) come back on every request, so the last 1,024 of those texts are remembered
         self.count_other_tokens = None if self.count_tokens is None else TextCache(self.count_tokens, max_texts=1024)
         self.select_fn = select_fn
+        if self.config.ranking == "router":  # a missing or stale router file is a configuration error: say it now
+            check_router(load_router(self.config.router), self.encoder.name)
 
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None,
                  message_sizes: Sequence[int] | None = None, tenant: str | None = None,
@@ -315,12 +318,12 @@ class GEM:
         cfg, n = self.config, len(sizes)
         eligible = None
         if cfg.drop_superseded:
-            eligible = ~superseded([info.signature for info in infos], [info.features.sources for info in infos])
+            eligible = ~superseded([info.signature for info in infos])
         if cfg.ranking != "geometry":
             if cfg.ranking == "router":
                 scores = load_router(cfg.router).scores(request_features(
                     [info.lexicon for info in infos], [info.signature for info in infos],
-                    [info.features for info in infos], sizes, embeddings, task_embedding))
+                    [info.features for info in infos], [info.chars for info in infos], embeddings, task_embedding))
             else:
                 scores = retrieval_scores(embeddings)
             order = router_order(scores, sizes, seeds, eligible, cfg.size_power if cfg.keep_recent_size else 0.0)
@@ -367,6 +370,21 @@ class GEM:
                     tools=tuple(dict.fromkeys(action.name for action in block.actions)), lexicon=lexicon,
                     signature=call_signature(block))
         return [cache[key] for key in keys], len(new)
+
+
+def check_router(router: Router, encoder: str) -> None:
+    """Log a warning (once per process for each pair) when ``router`` was trained with another encoder than
+    ``encoder``: its cosine signals then come from another geometry; it still ranks (docs/router.md measures it
+    with the hash encoder), but a router trained on yours fits better."""
+    trained = router.meta.get("encoder")
+    if trained and trained != encoder:
+        warn_encoder_mismatch(trained, encoder)
+
+
+@functools.cache
+def warn_encoder_mismatch(trained: str, encoder: str) -> None:
+    logger.warning("gemkernels: the router was trained with encoder %s, GEM runs %s; `gem train-router RUNS... "
+                   "--encoder` makes one for yours", trained, encoder)
 
 
 def block_nbytes(key: str, embedding: np.ndarray, features: BlockFeatures, lexicon: Lexicon) -> int:

@@ -182,9 +182,10 @@ PolicyBuilder = Callable[[Run, PolicyOptions, Callable[[str], Encoder]], Policy]
 def gem_policy(config: GEMConfig | str, run: Run, options: PolicyOptions,
                encoder: Callable[[str], Encoder]) -> GEMPolicy:
     """GEM with ``config`` (or a preset name) planning with ``options.prices``, for ``run``: session id
-    ``online:<run name>``, goal the run's recorded task."""
+    ``online:<run name>``, and no goal: GEM reads the task from each request, as ``gem serve`` and the framework
+    hooks do (they never see a run's recorded task), so the replay shows what they would forward."""
     config = resolve_config(config, cached_price=options.prices.cached, uncached_price=options.prices.uncached)
-    return GEMPolicy(config, encoder(options.encoder), f"online:{run.name}", run.goal)
+    return GEMPolicy(config, encoder(options.encoder), f"online:{run.name}", None)
 
 
 # name -> builder(run, options, encoder_by_name); one policy object per run.

@@ -25,6 +25,7 @@ import numpy as np
 from gemkernels.compress.blocks import Block, parse_history
 from gemkernels.compress.encoders.cache import EmbeddingCache
 from gemkernels.compress.evidence import block_features
+from gemkernels.compress.gem import serialised_chars
 from gemkernels.compress.references import block_lexicon
 from gemkernels.compress.representation import MAX_CHARS, block_text
 from gemkernels.compress.router import call_signature
@@ -46,7 +47,9 @@ class RunJob:
     """One run's replay inputs: blocks (the last one the run's final call without a result, `Run.final`, when it
     has one), checkpoints t (history ``blocks[:t]``, next action ``blocks[t]``), block embeddings (n, d),
     next-action embeddings and task embeddings (c, d; nan rows: no task text), each block's o200k tokens (as GEM
-    counts them: its messages serialised; 0 for the final one) and the run's format."""
+    counts them: its messages serialised; 0 for the final one) and serialised characters (`gem.serialised_chars`),
+    the run's format, and at each checkpoint the embedding of the task GEM reads from the request itself (the
+    latest user instruction: what ``gem serve`` and the framework hooks see; nan rows: none)."""
 
     name: str
     blocks: tuple[Block, ...]
@@ -56,6 +59,8 @@ class RunJob:
     goals: np.ndarray
     tokens: tuple[int, ...] = ()
     format: str = ""
+    chars: tuple[int, ...] = ()
+    tasks: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -97,16 +102,22 @@ def prepare(runs: Sequence[Run], cache: EmbeddingCache, min_blocks: int, progres
             goals = checkpoint_goals(run, starts, checkpoints)
             name = f"{run.path}:{run.name}" if run.name in repeated else run.name
             sizes = tuple(sum(len(tokens.message(run.messages[p])) for p in span.positions) for span in history.spans)
+            chars = tuple(sum(serialised_chars(run.messages[p]) for p in span.positions) for span in history.spans)
+            tasks = [parse_history(run.messages[:starts[t]]).task_text() for t in checkpoints]
             staged.append((name, blocks, checkpoints, [block_text(b) for b in blocks],
                            [action_text(blocks[t]) for t in checkpoints], goals, sizes + (0,) * bool(final),
-                           run.format))
-    cache.fill([text for _, _, _, texts, actions, goals, _, _ in staged for text in (*texts, *actions, *goals)
-                if text.strip()], progress)
+                           run.format, chars + (0,) * bool(final), tasks))
+    cache.fill([text for stage in staged for text in (*stage[3], *stage[4], *stage[5], *stage[9]) if text.strip()],
+               progress)
     cache.flush()
     nan = np.full(cache.dim, np.nan, dtype=np.float32)
-    return [RunJob(name, blocks, checkpoints, cache.encode(texts), cache.encode(actions),
-                   np.stack([cache.encode([g])[0] if g.strip() else nan for g in goals]), sizes, fmt)
-            for name, blocks, checkpoints, texts, actions, goals, sizes, fmt in staged]
+
+    def embedded(texts: Sequence[str]) -> np.ndarray:
+        return np.stack([cache.encode([t])[0] if t.strip() else nan for t in texts])
+
+    return [RunJob(name, blocks, checkpoints, cache.encode(texts), cache.encode(actions), embedded(goals), sizes,
+                   fmt, chars, embedded(tasks))
+            for name, blocks, checkpoints, texts, actions, goals, sizes, fmt, chars, tasks in staged]
 
 
 def replay_run(job: RunJob, plan: Plan) -> tuple[str, list[Row]]:
@@ -123,8 +134,9 @@ def replay_run(job: RunJob, plan: Plan) -> tuple[str, list[Row]]:
         refs = action_references(job.blocks[t])
         x = job.embeddings[:t]
         targets = Targets.build(x, job.actions[c], final, goal, referenced_blocks(refs, texts[:t], words[:t]))
+        task = job.tasks[c] if np.isfinite(job.tasks[c]).all() else None
         view = View(x, features[:t], goal, (plan.seed, zlib.crc32(job.name.encode()), t), lexicons[:t],
-                    signatures[:t], job.tokens[:t])
+                    signatures[:t], job.tokens[:t], job.chars[:t], task)
         for k in plan.ks:
             if k < t:
                 rows += [("k", name, k, t, targets.measure(SELECTORS[name](view, k))) for name in plan.selectors]

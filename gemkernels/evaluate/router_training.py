@@ -2,7 +2,8 @@
 on agent families it was not trained on.
 
 Samples: at every replay checkpoint t of a run (history ``blocks[:t]``, next action ``blocks[t]``, as `gem
-replay`), each history block's signals (`router.request_features`, what GEM computes at a rewrite) with two labels
+replay`), each history block's signals (`router.request_features`, what GEM computes at a rewrite, with the task
+GEM reads from the request, not the run's recorded goal, which a proxy never sees) with two labels
 from the recorded future: the block is among the next action's three most similar blocks (``top3``), and the
 next action names something it holds (``referenced``, `retention.referenced_blocks`). At most
 ``max_per_run`` checkpoints a run (drawn with the seed), so that long runs do not outweigh the others.
@@ -72,9 +73,9 @@ def run_samples(job: RunJob) -> list[Sample]:
     tokens = np.asarray(job.tokens, dtype=np.float64)
     out = []
     for c, t in enumerate(job.checkpoints):
-        goal = job.goals[c] if np.isfinite(job.goals[c]).all() else None
+        task = job.tasks[c] if np.isfinite(job.tasks[c]).all() else None  # what GEM reads at serving, not run.goal
         x = job.embeddings[:t]
-        signals = request_features(lexicons[:t], signatures[:t], features[:t], tokens[:t], x, goal)
+        signals = request_features(lexicons[:t], signatures[:t], features[:t], job.chars[:t], x, task)
         top3 = np.zeros(t, dtype=bool)
         top3[nearest(x, job.actions[c], 3)] = True
         referenced = np.zeros(t, dtype=bool)

@@ -34,7 +34,7 @@ ROUTER_RECENT = 4  # the ranked selectors keep the newest 4 blocks first, as the
 class View:
     """What a selector may see at a checkpoint: unit block embeddings (n, d), their evidence features,
     the task embedding (None without task text), a seed for the random selectors, and what the router reads per
-    block (`Lexicon`, call signature, tokens)."""
+    block (`Lexicon`, call signature, tokens, serialised characters) with the task GEM itself would read."""
 
     embeddings: np.ndarray
     features: tuple[BlockFeatures, ...]
@@ -43,13 +43,15 @@ class View:
     lexicons: tuple[Lexicon, ...] = ()
     signatures: tuple[int, ...] = ()
     tokens: tuple[int, ...] = ()
+    chars: tuple[int, ...] = ()
+    task: np.ndarray | None = None  # the task GEM reads from the request (the router's), None: no task text
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)  # protected sets, signals
 
     def signals(self) -> np.ndarray:
         """The router's signals of these blocks (`router.request_features`), computed once per view."""
         if "signals" not in self.memo:
-            self.memo["signals"] = request_features(self.lexicons, self.signatures, self.features, self.tokens,
-                                                    self.embeddings, self.goal)
+            self.memo["signals"] = request_features(self.lexicons, self.signatures, self.features, self.chars,
+                                                    self.embeddings, self.task)
         return self.memo["signals"]
 
     @property
@@ -125,9 +127,9 @@ def novelty_top_k(view: View, k: int) -> np.ndarray:
 
 
 def superseded_completion(view: View, k: int) -> np.ndarray:
-    """GEM at exactly K with superseded blocks (a newer block repeats their calls or reads their sources) never
-    completion candidates; filled by recency once no other candidate is left."""
-    stale = superseded(view.signatures, [f.sources for f in view.features])
+    """GEM at exactly K with superseded blocks (a newer block repeats their calls) never completion candidates;
+    filled by recency once no other candidate is left."""
+    stale = superseded(view.signatures)
     seeds = protected(view, EvidenceConfig())[:k]
     sel = select(view.embeddings, protected=seeds, eligible=~stale, tau=1.0, k=min(k, view.n), backend="numpy")
     chosen = [int(i) for i in sel.indices]

@@ -22,6 +22,17 @@ def test_compress_writes_a_valid_shorter_history(tmp_path, capsys):
     assert "protected by recent: [31, 30, 29, 28]" in err and err.count("block ") >= 32
 
 
+def test_a_ranked_rewrite_is_reported_without_a_coverage(tmp_path, capsys):
+    """The router ranks the cache-aware rewrite: no coverage to print (it once crashed the summary)."""
+    out = tmp_path / "out.json"
+    code = main(["compress", str(EXAMPLE), "--encoder", "hash", "--preset", "cache-aware", "--set",
+                 "rewrite_above_blocks=16", "--set", "repay_factor=None", "-v", "-o", str(out), "--no-whole-run"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "reselected" in err and "selected core (" in err and "coverage" not in err
+    assert len(parse_history(json.loads(out.read_text())).blocks) < 32
+
+
 def test_request_on_stdin_keeps_its_other_fields(monkeypatch, capsys):
     messages = json.loads(EXAMPLE.read_text())["messages"]
     request = {"model": "m", "temperature": 0.2, "tools": [{"type": "function"}], "messages": messages}

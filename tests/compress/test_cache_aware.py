@@ -240,7 +240,7 @@ def walk_run(config, name, messages, requests, check_step) -> int:
     """One GEM session over ``requests`` (each a request of the run, in order), every step checked; the rewrites."""
     gem = GEM(config, encoder=CachedEncoder(HashEncoder(128)), token_counter=None)
     snapshot = json.dumps(messages)
-    before, rewrites, budget = None, 0, config.rewrite_above_blocks
+    before, previous, rewrites, budget = None, None, 0, config.rewrite_above_blocks
     for request in requests:
         result = gem.compress(request, session_id="dev")
         where = f"{name} messages[:{len(request)}] ({result.stats.action}: {result.stats.reason})"
@@ -249,11 +249,13 @@ def walk_run(config, name, messages, requests, check_step) -> int:
         else:
             check_step(request, result, parse_history(request), where)
             assert result.stats.forwarded_blocks <= budget or result.stats.action == "reselected", where
+        extends = previous is not None and len(request) >= len(previous) and all(
+            a is b for a, b in zip(request, previous))  # the agent appended to its last request (no compaction)
         if result.stats.action == "reselected":
             rewrites += 1
-        elif before is not None and result.stats.action == "appended":
+        elif extends:
             assert json.dumps(result.messages[:len(before)]) == json.dumps(before), f"{where}: prefix changed"
-        before = result.messages
+        before, previous = result.messages, request
     assert json.dumps(messages) == snapshot, f"{name}: the caller's messages were mutated"
     return rewrites
 

@@ -20,6 +20,7 @@ from gemkernels.compress.config import resolve_config, with_overrides  # noqa: E
 from gemkernels.compress.encoders import CachedEncoder, HashEncoder  # noqa: E402
 from gemkernels.compress.evidence import block_features  # noqa: E402
 from gemkernels.compress.evidence.rules import reference_blocks  # noqa: E402
+from gemkernels.compress.gem import warn_encoder_mismatch  # noqa: E402
 from gemkernels.compress.references import Lexicon, block_lexicon, hashed, held_tokens, references  # noqa: E402
 from gemkernels.compress.representation import block_text  # noqa: E402
 from gemkernels.compress.router import FEATURES, Router, call_signature, default_router, request_features  # noqa: E402
@@ -43,27 +44,22 @@ def test_a_re_read_file_and_a_re_run_command_supersede_the_older_blocks():
     blocks = [bash("cat src/app/models.py", "class User: ..."), bash("sed -i 's/a/b/' src/app/models.py"),
               bash("python -m pytest tests/test_models.py", "1 failed"), bash("cat src/app/models.py", "class User"),
               bash("python -m pytest tests/test_models.py", "1 passed"), bash("ls src/app")]
-    sources = [block_features(b).sources for b in blocks]
-    flags = superseded([call_signature(b) for b in blocks], sources)
-    assert flags.tolist() == [True, False, True, False, False, False]
+    assert superseded([call_signature(b) for b in blocks]).tolist() == [True, False, True, False, False, False]
 
 
-def test_different_calls_never_supersede_and_blocks_without_calls_are_never_superseded():
-    blocks = [bash("cat a.py"), bash("cat b.py"), Block((0, 1), ("c",), "", "thinking", (), ()),
-              Block((0, 1), ("d",), "", "thinking", (), ())]
-    flags = superseded([call_signature(b) for b in blocks], [() for _ in blocks])
-    assert not flags.any()
+def test_other_reads_of_the_same_file_and_blocks_without_calls_supersede_nothing():
+    """Different lines of one file, a grep then a cat: the newer read does not replace the older one."""
+    blocks = [bash("sed -n 1,40p a/x.py"), bash("sed -n 200,260p a/x.py"), bash("grep -n foo a/x.py"),
+              bash("cat a/x.py"), Block((0, 1), ("c",), "", "thinking", (), ()), Block((0, 1), ("d",), "", "", (), ())]
+    assert all(block_features(b).sources for b in blocks[:4])  # all four read the same source
+    assert not superseded([call_signature(b) for b in blocks]).any()
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.lists(st.sampled_from("abc"), max_size=2, unique=True)), max_size=25))
-def test_superseded_is_a_newer_block_with_the_same_calls_or_the_same_sources(blocks):
-    signatures = [s for s, _ in blocks]
-    sources = [tuple(src) for _, src in blocks]
-    expected = [any((signatures[i] and signatures[j] == signatures[i])
-                    or (sources[i] and sorted(sources[j]) == sorted(sources[i])) for j in range(i + 1, len(blocks)))
-                for i in range(len(blocks))]
-    assert superseded(signatures, sources).tolist() == expected
+@given(st.lists(st.integers(0, 4), max_size=25))
+def test_superseded_is_a_newer_block_with_the_same_calls(signatures):
+    expected = [bool(signatures[i]) and signatures[i] in signatures[i + 1:] for i in range(len(signatures))]
+    assert superseded(signatures).tolist() == expected
 
 
 # --------------------------------------------------------------------------- lexicons and live references
@@ -109,22 +105,27 @@ def test_a_block_is_not_its_own_live_reference():
     assert live_references(lexicons(blocks))[1].tolist() == [0, 0, 0]
 
 
-def test_the_reference_rule_keeps_the_latest_block_that_defines_what_recent_actions_name():
+def test_the_reference_rule_keeps_the_latest_older_block_that_defines_what_recent_actions_name():
     blocks = [bash("cat pkg/settings.py", "DEBUG = True"), bash("ls"), bash("cat pkg/settings.py", "DEBUG = False"),
               bash("echo hi", "hi"), bash("python -c 'from pkg import settings'"), bash("sed -n 1p pkg/settings.py")]
     assert reference_blocks(lexicons(blocks), window=1, count=2) == [2]
+    # the last three are the naming actions themselves: the holder is looked for before them
+    assert reference_blocks(lexicons(blocks), window=3, count=2) == [2]
+    assert reference_blocks(lexicons(blocks), window=4, count=2) == [0]  # block 2 is inside the window now
     assert reference_blocks(lexicons(blocks), window=3, count=0) == []
     assert reference_blocks(None, window=3, count=2) == []
+    newer_only = [bash("ls"), bash("grep -n needle mod/a.py"), bash("cat mod/a.py", "needle here")]
+    assert reference_blocks(lexicons(newer_only), window=2, count=2) == []  # only a newer block holds it
 
 
 def test_gem_protects_a_referenced_block_under_the_reference_rule():
     messages = history_of([("cat", f"cat mod/file_{i}.py", f"content {i}") for i in range(20)]
                           + [("grep", "grep -n needle mod/file_3.py", "12: needle")])
-    gem = GEM(with_overrides("paper", ["evidence.reference=1", "evidence.recent=2"]), encoder=HashEncoder(64),
+    gem = GEM(with_overrides("core", ["evidence.reference=1", "evidence.recent=2", "k=4"]), encoder=HashEncoder(64),
               token_counter=None)
     out = gem.compress(messages, session_id="s")
     assert out.stats.protected["reference"] == [3]
-    assert 3 not in out.stats.removed_blocks
+    assert 3 not in out.stats.removed_blocks and len(out.stats.removed_blocks) >= 10
 
 
 # --------------------------------------------------------------------------- signals, ranks, order
@@ -149,7 +150,8 @@ def test_request_features_have_one_column_per_named_signal_and_do_not_depend_on_
     assert (age.sum(axis=1) == 1).all()
     assert signals[-1, FEATURES.index("age<1")] == 1 and signals[0, FEATURES.index("age<13")] == 1  # ages 0, 11
     ranked = [FEATURES.index(f) for f in FEATURES if f.endswith(("_top3", "_top8", "_log_rank")) or f.startswith("z_")]
-    assert np.allclose(request_features(*args, x * 1.0, x[0])[:, ranked], signals[:, ranked])
+    scaled = request_features(*args, x * 3.0, x[0] * 3.0)  # an encoder of another scale: cosines 9 times larger
+    assert np.allclose(scaled[:, ranked], signals[:, ranked]) and not np.allclose(scaled, signals)
 
 
 @settings(max_examples=80, deadline=None)
@@ -207,6 +209,24 @@ def test_a_router_file_round_trips_and_a_file_for_other_signals_names_the_fix(tm
     with pytest.raises(ValueError, match="gem train-router"):
         Router.load(tmp_path / "old.json")
     assert data["format"] == FORMAT_VERSION
+
+
+def test_gem_refuses_a_missing_or_stale_router_file_when_it_is_built(tmp_path, caplog):
+    with pytest.raises(ValueError, match="nowhere.json"):
+        GEM(with_overrides("cache-aware", [f"router={tmp_path / 'nowhere.json'}"]), encoder=HashEncoder(64))
+    (tmp_path / "short.json").write_text(json.dumps({"format": FORMAT_VERSION, "features": list(FEATURES),
+                                                     "heads": {"top3": [0.0] * 3}}))
+    with pytest.raises(ValueError, match=f"{len(FEATURES)} weights"):
+        GEM(with_overrides("cache-aware", [f"router={tmp_path / 'short.json'}"]), encoder=HashEncoder(64))
+    warn_encoder_mismatch.cache_clear()
+    with caplog.at_level("WARNING", logger="gemkernels"):
+        GEM("cache-aware", encoder=HashEncoder(64))  # the shipped router was trained with minilm
+        GEM("cache-aware", encoder=HashEncoder(64))
+    assert caplog.text.count("trained with encoder") == 1  # once per process, not once per GEM
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gemkernels"):
+        GEM("paper", encoder=HashEncoder(64))  # no router: nothing to say
+    assert not caplog.text
 
 
 # --------------------------------------------------------------------------- GEM with every ranking

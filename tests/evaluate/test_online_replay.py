@@ -151,7 +151,7 @@ def test_preset_overrides_build_the_config_they_name():
     name = "gem-cache-aware:k=20:evidence.recent=4"
     run_ = Run("r", "openai", synthetic(60), "Fix it", "<memory>")
     replayed = replay_run(run_, ["full", name], OPTIONS, encoder_by_name).calls[name]
-    direct = GEMPolicy(with_overrides("cache-aware", ["k=20", "evidence.recent=4"]), ENCODER, "online:r", "Fix it")
+    direct = GEMPolicy(with_overrides("cache-aware", ["k=20", "evidence.recent=4"]), ENCODER, "online:r", None)
     tokens = TokenCache()
     previous = None
     for cost, position in zip(replayed, checkpoints(run_.messages)):

@@ -40,7 +40,9 @@ def views(draw):
     lexicons = tuple(Lexicon(hashed(draw(names)), hashed(draw(names))) for _ in range(n))
     signatures = tuple(draw(st.integers(0, 3)) for _ in range(n))  # repeated calls: superseded blocks
     tokens = tuple(draw(st.integers(1, 5000)) for _ in range(n))
-    return View(x.astype(np.float32), features, goal, (draw(st.integers(0, 99)),), lexicons, signatures, tokens)
+    chars = tuple(4 * t + draw(st.integers(0, 3)) for t in tokens)
+    return View(x.astype(np.float32), features, goal, (draw(st.integers(0, 99)),), lexicons, signatures, tokens,
+                chars, goal)
 
 
 @settings(max_examples=60, deadline=None)

@@ -35,9 +35,9 @@ class EvidenceConfig:
     protected union (4 + 1 + 3 + 2 + 4 = 14) stays below the core capacity K = 16, so the
     defaults never force the core to grow and always leave room for geometric completion.
 
-    ``reference`` (live references; not in the paper, 0 there): up to that many blocks that hold something one of
-    the last ``reference_window`` actions names (a path, an identifier, a literal), the latest holder of each
-    action's names, the latest action first (`reference_blocks`).
+    ``reference`` (live references; not in the paper, 0 there): up to that many blocks older than the last
+    ``reference_window`` that hold something one of those actions names (a path, an identifier, a literal), the
+    latest such holder for each action, the latest action first (`reference_blocks`).
     """
 
     recent: int = 4
@@ -129,15 +129,17 @@ def source_blocks(features: Sequence[BlockFeatures], fraction: float, count: int
 
 
 def reference_blocks(lexicons: Sequence[Lexicon] | None, window: int, count: int) -> list[int]:
-    """Live references: for each of the last ``window`` blocks, latest first, the latest other block that holds a
-    name its actions give (`Lexicon`); distinct, up to ``count``; none without lexicons."""
+    """Live references: for each of the last ``window`` blocks, latest first, the latest older block outside that
+    window that holds a name its actions give (`Lexicon`): the block that defines what the recent actions use;
+    distinct, up to ``count``; none without lexicons."""
     if not lexicons or count <= 0:
         return []
     n, picks = len(lexicons), []
-    for j in range(n - 1, max(n - window, 0) - 1, -1):
+    first = max(n - window, 0)
+    for j in range(n - 1, first - 1, -1):
         names = lexicons[j].names
-        holder = next((i for i in range(n - 1, -1, -1)
-                       if i != j and names.size and np.isin(lexicons[i].holds, names).any()), None)
+        holder = next((i for i in range(first - 1, -1, -1) if names.size and np.isin(lexicons[i].holds, names).any()),
+                      None)
         if holder is not None and holder not in picks:
             picks.append(holder)
             if len(picks) == count:

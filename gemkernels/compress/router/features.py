@@ -1,7 +1,8 @@
 """What the router reads at a rewrite: one row of signals per block, from what the session keeps per block.
 
-Encoder-free signals: the block's age (bins), size, error / edit / source flags, whether a newer block supersedes
-it (the same tool calls again, or a read of the same sources), and live references (which of the last
+Encoder-free signals: the block's age (bins), size (its serialised characters, so that it reads the same with or
+without a token counter), error / edit / source flags, whether a newer block supersedes it (the same tool calls
+again), and live references (which of the last
 ``LIVE_WINDOW`` actions name something the block holds, how many, and how specific those names are, log1p). Encoder
 signals: cosine to the latest block, the largest cosine to the last three, cosine to the task, each also as a
 z-score and as a rank within the request, so that encoders of other scales read alike.
@@ -21,24 +22,22 @@ AGE_BINS = (1, 2, 3, 4, 6, 9, 13, 21, 41)  # ages 0, 1, 2, 3, 4-5, 6-8, 9-12, 13
 LIVE_WINDOW = 3
 FEATURES = (
     *(f"age<{b}" for b in AGE_BINS), f"age>={AGE_BINS[-1]}",
-    "log_tokens", "error", "edit", "source", "superseded",
+    "log_chars", "error", "edit", "source", "superseded",
     "live_actions", "named_by_latest", "live_specificity",
     "cos_latest", "cos_recent", "cos_task", "z_cos_latest", "z_cos_recent", "z_cos_task",
     *(f"{name}_{kind}" for name in ("latest", "recent", "task") for kind in ("top3", "top8", "log_rank")),
 )
 
 
-def superseded(signatures: Sequence[int], sources: Sequence[tuple[str, ...]]) -> np.ndarray:
-    """Whether a newer block repeats a block's tool calls (same ``signatures``: the same command re-run, the same
-    file read again) or reads the same non-empty ``sources``: the older one is what the newer replaces."""
-    out = np.zeros(len(signatures), dtype=bool)
-    for keys in (np.asarray(signatures, dtype=np.int64),
-                 np.asarray([hash(tuple(sorted(s))) if s else 0 for s in sources], dtype=np.int64)):
-        _, last_from_end = np.unique(keys[::-1], return_index=True)
-        latest = np.zeros(len(keys), dtype=bool)
-        latest[len(keys) - 1 - last_from_end] = True  # the newest block of each key
-        out |= (keys != 0) & ~latest
-    return out
+def superseded(signatures: Sequence[int]) -> np.ndarray:
+    """Whether a newer block repeats a block's tool calls exactly (same `call_signature`, not 0: the same command
+    re-run, the same file read again the same way): the older one is what the newer replaces. Reads of the same
+    file that differ (other lines, a grep, then a cat) replace nothing."""
+    keys = np.asarray(signatures, dtype=np.int64)
+    _, last_from_end = np.unique(keys[::-1], return_index=True)
+    latest = np.zeros(len(keys), dtype=bool)
+    latest[len(keys) - 1 - last_from_end] = True  # the newest block of each signature
+    return (keys != 0) & ~latest
 
 
 def live_references(lexicons: Sequence[Lexicon], window: int = LIVE_WINDOW) -> np.ndarray:
@@ -89,10 +88,10 @@ def call_signature(block: Block) -> int:
 
 
 def request_features(lexicons: Sequence[Lexicon], signatures: Sequence[int], features: Sequence[BlockFeatures],
-                     tokens: Sequence[int], embeddings: np.ndarray, task: np.ndarray | None) -> np.ndarray:
+                     chars: Sequence[int], embeddings: np.ndarray, task: np.ndarray | None) -> np.ndarray:
     """The (n, len(`FEATURES`)) signals of a request's n blocks, oldest first, from each block's `Lexicon`,
-    `call_signature`, evidence features and tokens, the unit block ``embeddings`` (n, d) and the task's unit
-    embedding (None without a task)."""
+    `call_signature`, evidence features and serialised characters (`gem.serialised_chars` summed over its
+    messages), the unit block ``embeddings`` (n, d) and the task's unit embedding (None without a task)."""
     n = len(lexicons)
     flags = [(f.is_error, f.is_edit, f.is_source) for f in features]
     age = np.arange(n - 1, -1, -1)
@@ -104,7 +103,7 @@ def request_features(lexicons: Sequence[Lexicon], signatures: Sequence[int], fea
     live = live_references(lexicons)
     live[:, 2] = np.log1p(live[:, 2])
     return np.column_stack([
-        bins, np.log1p(np.asarray(tokens, dtype=np.float64)), np.asarray(flags, dtype=np.float64),
-        superseded(signatures, [f.sources for f in features]), live,
+        bins, np.log1p(np.asarray(chars, dtype=np.float64)), np.asarray(flags, dtype=np.float64),
+        superseded(signatures), live,
         latest, recent, to_task, zscore(latest), zscore(recent), zscore(to_task),
         rank_signals(latest), rank_signals(recent), rank_signals(to_task)])

@@ -67,7 +67,10 @@ class Router:
         if data.get("format") != FORMAT_VERSION or tuple(data.get("features", ())) != FEATURES:
             raise ValueError(f"{source} was written for other router signals (format {data.get('format')}); "
                              "train one for this version with `gem train-router RUNS... --out FILE`")
-        heads = {name: np.asarray(w, dtype=np.float64) for name, w in data["heads"].items()}
+        heads = {name: np.asarray(w, dtype=np.float64) for name, w in data.get("heads", {}).items()}
+        if not heads or any(w.shape != (len(FEATURES),) for w in heads.values()):
+            raise ValueError(f"{source}: every head needs {len(FEATURES)} weights, one per signal; train one with "
+                             "`gem train-router RUNS... --out FILE`")
         return cls(heads, data.get("meta", {}))
 
     @classmethod
@@ -82,10 +85,16 @@ def default_router() -> Router:
 
 
 def load_router(path: str | None) -> Router:
-    """``path``'s router, or the shipped one for None or ``""``."""
+    """``path``'s router, or the shipped one for None or ``""``; ``ValueError`` naming the file when it cannot be
+    read or was written for other signals."""
     return default_router() if not path else cached_router(str(path))
 
 
 @cache
 def cached_router(path: str) -> Router:
-    return Router.load(path)
+    try:
+        return Router.load(path)
+    except OSError as err:
+        raise ValueError(f"router file {path}: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"router file {path} is not JSON: {err}") from None
