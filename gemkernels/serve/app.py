@@ -5,7 +5,9 @@ OpenAI-format upstream (``upstream``), ``POST /v1/messages`` to the Anthropic-fo
 default the same), each with its history (``messages``, or the Responses ``input``) compressed and everything else
 as the client sent it (its bytes with the removed blocks' elements cut out, nothing re-serialised:
 `gemkernels.serve.body`). ``POST /v1/messages/count_tokens`` and every other method and path (``GET /v1/models``,
-...) are relayed to the upstream of their format, streaming both ways (`gemkernels.serve.serving`).
+...) are relayed to the upstream of their format, streaming both ways (`gemkernels.serve.serving`); so is a
+WebSocket upgrade on any path (Codex's ``/v1/responses``), message by message and uncompressed
+(`gemkernels.serve.websocket_relay`).
 
 Contracts (DESIGN.md §5):
 - nothing is lost: any failure inside compression, or a full compression queue, forwards the original body; an
@@ -39,7 +41,8 @@ import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from gemkernels.compress.tokens import Prices
 from gemkernels.serve.compressor import Compressor, warm_up_kernels
@@ -86,6 +89,9 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
 
         return Route(path, endpoint, methods=methods)
 
+    async def websocket(client: WebSocket) -> None:
+        await proxies[0].websocket(client)
+
     app = Starlette(routes=[
         *[route(api.path, functools.partial(Proxy.compressing, api=api), ["POST"]) for api in FORMATS],
         route("/v1/messages/count_tokens", Proxy.count_tokens, ["POST"]),
@@ -95,6 +101,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         route("/readyz", Proxy.readyz, ["GET"]),
         route("/metrics", Proxy.metrics_text, ["GET"]),
         route("/{path:path}", Proxy.relay, ALL_METHODS),
+        WebSocketRoute("/{path:path}", websocket),
     ], lifespan=lifespan)
     app.state.metrics = metrics
     return app

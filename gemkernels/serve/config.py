@@ -12,7 +12,8 @@ class ServerConfig:
     """Everything ``gem serve`` needs; ``upstream`` is the OpenAI-format API root (``http://host:port`` or
     ``.../v1``), ``anthropic_upstream`` the Anthropic-format one (None: ``upstream`` serves both);
     ``overrides`` are ``field=value`` items applied to the preset (`config.with_overrides`); ``max_body_bytes``
-    bounds a request body (413 past it), ``max_session_bytes`` what the sessions hold in all;
+    bounds a request body (413 past it), ``max_message_bytes`` a relayed WebSocket message either way (close 1009
+    past it: `gemkernels.serve.websocket_relay`), ``max_session_bytes`` what the sessions hold in all;
     ``compress_endpoint`` serves ``POST /v1/gem/compress``, and with ``compress_token`` only to callers that send
     it as ``X-GEM-Token``; a proxied request waits for its blocks' embeddings ``encode_budget`` seconds at most
     (None: no limit), and ``encode_cache_bytes`` of embeddings are kept for the requests that gave up waiting;
@@ -35,6 +36,7 @@ class ServerConfig:
     max_session_bytes: int = 1 << 30
     timeout: float = 600.0
     max_body_bytes: int = 64 << 20
+    max_message_bytes: int = 64 << 20
     compress_endpoint: bool = True
     compress_token: str | None = None
     encode_budget: float | None = 0.2

@@ -5,7 +5,9 @@ response is complete and cancelled by the first byte of the next request. So a c
 or sends its headers a byte every few seconds (slowloris), is held forever; so is a request whose body stalls (the
 app waits in ``receive``; `gemkernels.serve.serving.read_body` times that out). `HeaderDeadline` adds the missing timer:
 a connection whose request headers are not complete ``header_timeout`` seconds after it opened, or after the first
-byte that follows a response, is closed (nothing is sent: no request was read that could be answered).
+byte that follows a response, is closed (nothing is sent: no request was read that could be answered). A connection
+upgraded to a WebSocket leaves the HTTP protocol (uvicorn hands its transport to a WebSocket protocol), and the timer
+goes with it: an open WebSocket is bounded by its pings and its messages' size, not by this timer.
 
 Defaults (`DEFAULT_HEADER_TIMEOUT`, `DEFAULT_KEEP_ALIVE_TIMEOUT`, ``ServerConfig.body_timeout``):
 - headers: 10 s. nginx allows 60 s (``client_header_timeout``), Apache 20 s for the first byte
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+
+from gemkernels.serve.config import ServerConfig
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_KEEP_ALIVE_TIMEOUT = 75.0
@@ -54,7 +58,7 @@ class HeaderDeadline:
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
         super().data_received(data)
-        if self.cycle is not cycle:  # a request's headers are complete
+        if self.cycle is not cycle or self.transport.get_protocol() is not self:  # headers complete, or upgraded
             self.disarm_header_deadline()
         elif cycle is None or cycle.response_complete:  # bytes of the next request's headers
             self.arm_header_deadline()
@@ -99,7 +103,9 @@ def http_protocol_on(base: type[asyncio.Protocol], header_timeout: float) -> typ
 
 
 def uvicorn_options(header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-                    keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT) -> dict[str, Any]:
-    """The ``uvicorn.run``/``uvicorn.Config`` arguments for these timeouts (no WebSockets: the proxy serves none,
-    and an upgraded connection must not meet the header timer)."""
-    return {"http": http_protocol(header_timeout), "timeout_keep_alive": keep_alive_timeout, "ws": "none"}
+                    keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT,
+                    max_message_bytes: int = ServerConfig.max_message_bytes) -> dict[str, Any]:
+    """The ``uvicorn.run``/``uvicorn.Config`` arguments for these timeouts, and WebSockets (uvicorn's pick: the
+    ``websockets`` package that ``gemkernels[serve]`` installs) with messages of at most ``max_message_bytes``."""
+    return {"http": http_protocol(header_timeout), "timeout_keep_alive": keep_alive_timeout, "ws": "auto",
+            "ws_max_size": max_message_bytes}

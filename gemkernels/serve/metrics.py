@@ -1,5 +1,6 @@
 """The proxy's Prometheus metrics (``GET /metrics``): requests and passthroughs by reason, characters and tokens
-before and after, stage latencies, batch sizes, sessions, pending compressions, round trips to the session store.
+before and after, stage latencies, batch sizes, sessions, pending compressions, round trips to the session store,
+relayed WebSockets (connections by how their handshake ended, open ones, messages each way).
 
 One process reports its own; the workers of ``gem serve --workers N`` write theirs to a directory of
 prometheus_client's multiprocess mode (`multiprocess_metrics`), and each reports every worker's summed, a dead
@@ -68,6 +69,13 @@ class Metrics:
                              multiprocess_mode="livesum")
         self.store_round_trips = Counter("gem_store_round_trips", "Round trips to the shared session store "
                                          "(sessions and embeddings; 0 with the in-memory store)", registry=r)
+        self.websocket_connections = Counter("gem_websocket_connections", "WebSocket upgrades by result: relayed "
+                                             "(both sides open), refused (the upstream answered without upgrading), "
+                                             "unreachable", ["result"], registry=r)
+        self.websocket_open = Gauge("gem_websocket_open", "Relayed WebSockets open now", registry=r,
+                                    multiprocess_mode="livesum")
+        self.websocket_messages = Counter("gem_websocket_messages", "WebSocket messages relayed, by direction",
+                                          ["direction"], registry=r)
 
     def exposition(self) -> bytes:
         """The Prometheus text of ``GET /metrics``: this app's metrics, or every worker's summed (module doc)."""

@@ -7,6 +7,8 @@
 - `Proxy.count_tokens` (``POST /v1/messages/count_tokens``): relayed, or with ``count_compressed`` counted as the
   request would be forwarded (a dry run: the session is left as it was);
 - `Proxy.relay` (every other method and path): streamed both ways, untouched, to the upstream of its format;
+- `Proxy.websocket` (a WebSocket upgrade on any path): relayed message by message, unchanged, to the upstream of its
+  path (`gemkernels.serve.websocket_relay`);
 - the proxy's own routes: `Proxy.compress_only`, `Proxy.sessions` (observe mode), `Proxy.healthz`, `Proxy.readyz`,
   `Proxy.metrics_text`.
 
@@ -37,6 +39,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.websockets import WebSocket
+from websockets.exceptions import InvalidStatus, WebSocketException
 
 from gemkernels.compress.blocks import json_object
 from gemkernels.compress.gem import PASSTHROUGH
@@ -49,7 +53,9 @@ from gemkernels.serve.content_coding import UndecodableBody, decoded
 from gemkernels.serve.formats import ANTHROPIC_UPSTREAM, MESSAGES, OPENAI_UPSTREAM, ApiFormat, upstream_for
 from gemkernels.serve.metrics import Metrics
 from gemkernels.serve.observe import Observer
+from gemkernels.serve.redact import redact_query
 from gemkernels.serve.upstreams import Upstreams
+from gemkernels.serve.websocket_relay import BAD_GATEWAY, client_headers, reason_text, refuse, relay, upstream_headers
 
 logger = logging.getLogger("gemkernels.serve")
 
@@ -67,6 +73,10 @@ CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
 READY_TIMEOUT_S = 3.0
 #: The route label of relayed requests (one label for every path: paths are the client's to choose).
 RELAYED = "relayed"
+#: The route label and passthrough reason of relayed WebSockets.
+WEBSOCKET = "websocket"
+#: Upstream handshake answers not relayed to the client: uvicorn writes its own Date and Server.
+NOT_RELAYED_HANDSHAKE = HOP_BY_HOP | {b"date", b"server"}
 
 
 def tenant_of(headers: Mapping[str, str]) -> str:
@@ -238,6 +248,41 @@ class Proxy:
         framed = "content-length" in request.headers or "transfer-encoding" in request.headers
         body = stalls_after(request.stream(), self.config.body_timeout) if framed else b""
         return await self.forward(request, kind, body)
+
+    async def websocket(self, client: WebSocket) -> None:
+        """A WebSocket upgrade on any path: relayed unchanged to the upstream of its path, or the upstream's refusal
+        relayed, or a close with 1014 when it cannot be reached (`gemkernels.serve.websocket_relay`)."""
+        path, query = client.url.path, url_part(client.scope.get("query_string", b""))
+        kind = upstream_for(path, client.headers)
+        where = redact_query(path + (f"?{query}" if query else ""))  # for the log: no credential, no header
+        try:
+            upstream = await self.upstreams.websocket(
+                kind, url_part(client.scope.get("raw_path") or path.encode()), query,
+                upstream_headers(client.headers.raw, NOT_FORWARDED), client.scope.get("subprotocols", []),
+                self.config.max_message_bytes)
+        except InvalidStatus as err:  # it answered without upgrading: the client gets that answer
+            self.metrics.websocket_connections.labels("refused").inc()
+            logger.info("gemkernels: WebSocket %s: the %s upstream answered %d", where, kind, err.response.status_code)
+            await refuse(client, err.response, NOT_RELAYED_HANDSHAKE)
+            return
+        except (OSError, asyncio.TimeoutError, WebSocketException) as err:
+            self.metrics.websocket_connections.labels("unreachable").inc()
+            self.metrics.upstream_errors.labels("unreachable").inc()
+            logger.warning("gemkernels: WebSocket %s: the %s upstream could not be reached (%s)", where, kind,
+                           type(err).__name__)
+            await client.accept()
+            await client.close(BAD_GATEWAY, reason_text(f"bad gateway: the upstream could not be reached "
+                                                         f"({type(err).__name__})"))
+            return
+        self.metrics.websocket_connections.labels("relayed").inc()
+        self.metrics.requests.labels(WEBSOCKET, PASSTHROUGH).inc()
+        self.metrics.passthroughs.labels(WEBSOCKET).inc()
+        logger.info("gemkernels: WebSocket %s to the %s upstream: websocket relayed unchanged", where, kind)
+        messages = self.metrics.websocket_messages
+        async with upstream:
+            await client.accept(upstream.subprotocol, client_headers(upstream.response.headers, NOT_RELAYED_HANDSHAKE))
+            with self.metrics.websocket_open.track_inprogress():
+                await relay(client, upstream, messages.labels("to_upstream").inc, messages.labels("to_client").inc)
 
     async def forward(self, request: Request, kind: str, content: bytes | AsyncIterator[bytes],
                       decoded_body: bool = False) -> Response:

@@ -1,11 +1,12 @@
-"""The APIs the proxy forwards to (an OpenAI-format and an Anthropic-format root) and the connection pools that
-carry the requests."""
+"""The APIs the proxy forwards to (an OpenAI-format and an Anthropic-format root), the connection pools that
+carry the requests, and the WebSockets opened to them (`Upstreams.websocket`)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Sequence
 
 import httpx
+from websockets.asyncio.client import ClientConnection, connect
 
 from gemkernels.serve.formats import ANTHROPIC_UPSTREAM, OPENAI_UPSTREAM
 
@@ -16,6 +17,9 @@ HTTPX_DEFAULT_HEADERS = ("accept", "accept-encoding", "user-agent")
 #: its connections for each idle one whenever a request starts or ends (O(n^2) in the connections), which made
 #: forwarding alone collapse past ~100 requests in flight; k pools cut that work k^2-fold (bench/RESULTS.md §i).
 UPSTREAM_POOLS = 32
+#: Frames an upstream WebSocket buffers before websockets stops reading from its socket (flow control: the relay
+#: takes one message at a time, so an upstream faster than its client waits instead of filling memory).
+WEBSOCKET_QUEUE_FRAMES = 4
 
 
 def upstream_url(base: str, path: str) -> str:
@@ -24,6 +28,12 @@ def upstream_url(base: str, path: str) -> str:
     if base.endswith("/v1") and path.startswith("/v1/"):
         path = path[3:]
     return base + path
+
+
+def websocket_url(url: str) -> str:
+    """``url`` with ``ws://`` for ``http://`` and ``wss://`` for ``https://`` (any other scheme as it is)."""
+    scheme, sep, rest = url.partition("://")
+    return {"http": "ws", "https": "wss"}.get(scheme.lower(), scheme) + sep + rest
 
 
 class Upstreams:
@@ -36,8 +46,9 @@ class Upstreams:
             raise ValueError(f"no upstream for {sorted(missing)}")
         self.roots = roots
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        verify = httpx.create_ssl_context()  # one CA bundle load (~30 ms) for all the clients
-        self.clients = [httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        verify = httpx.create_ssl_context()  # one CA bundle load (~30 ms) for all the clients, WebSockets too
+        self.ssl, self.connect_timeout = verify, min(timeout, 10.0)
+        self.clients = [httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=self.connect_timeout),
                                           transport=transport, limits=limits, verify=verify)
                         for _ in range(1 if transport is not None else UPSTREAM_POOLS)]
         for client in self.clients:
@@ -62,6 +73,18 @@ class Upstreams:
             return await client.send(request, stream=True)
         finally:
             self.awaiting[pool] -= 1
+
+    async def websocket(self, kind: str, path: str, query: str, headers: Sequence[tuple[str, str]],
+                        subprotocols: Sequence[str], max_size: int) -> ClientConnection:
+        """An open WebSocket to the ``kind`` upstream's ``path`` and raw ``query`` (ASCII), its handshake carrying
+        ``headers`` and offering ``subprotocols``; messages past ``max_size`` bytes close it with 1009. Raises
+        ``OSError`` or ``TimeoutError`` (unreachable) and websockets' ``InvalidStatus`` (it answered without
+        upgrading) or other ``WebSocketException`` (a broken handshake)."""
+        url = websocket_url(self.url(kind, path)) + (f"?{query}" if query else "")
+        secure = url.startswith("wss://")
+        return await connect(url, additional_headers=list(headers), subprotocols=list(subprotocols) or None,
+                             user_agent_header=None, open_timeout=self.connect_timeout, max_size=max_size,
+                             max_queue=WEBSOCKET_QUEUE_FRAMES, ssl=self.ssl if secure else None)
 
     async def reachable(self, kind: str, timeout: float) -> str:
         """``reachable`` when the upstream answers at all (any HTTP status), else why not."""

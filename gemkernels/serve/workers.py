@@ -46,8 +46,8 @@ class Listener:
 
 
 def uvicorn_config(config: ServerConfig, listener: Listener) -> Any:
-    """The ``uvicorn.Config`` of one worker: the app, the deadlines, graceful shutdown, info logging without
-    credentials in the access log."""
+    """The ``uvicorn.Config`` of one worker: the app, the deadlines, the WebSocket message limit, graceful shutdown,
+    info logging without credentials in the access log or uvicorn's WebSocket lines."""
     import uvicorn
 
     from gemkernels.serve.app import create_app
@@ -55,10 +55,12 @@ def uvicorn_config(config: ServerConfig, listener: Listener) -> Any:
     from gemkernels.serve.redact import QueryCredentialFilter
 
     logging.getLogger("gemkernels").setLevel(logging.INFO)
-    logging.getLogger("uvicorn.access").addFilter(QueryCredentialFilter())
+    for name in ("uvicorn.access", "uvicorn.error"):  # uvicorn logs WebSocket handshakes, query included, on the latter
+        logging.getLogger(name).addFilter(QueryCredentialFilter())
     return uvicorn.Config(create_app(config), host=listener.host, port=listener.port,
                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, log_level="info",
-                          **uvicorn_options(listener.header_timeout, listener.keep_alive_timeout))
+                          **uvicorn_options(listener.header_timeout, listener.keep_alive_timeout,
+                                            config.max_message_bytes))
 
 
 def serve(config: ServerConfig, listener: Listener) -> None:

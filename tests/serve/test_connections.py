@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
-import types
 import select
 import socket
 import time
+import types
 
 import pytest
 
@@ -26,6 +26,7 @@ pytest.importorskip("prometheus_client")
 from gemkernels.serve.app import create_app  # noqa: E402
 from gemkernels.serve.config import ServerConfig  # noqa: E402
 from gemkernels.serve.connections import HeaderDeadline, http_protocol, http_protocol_on, uvicorn_options  # noqa: E402
+from gemkernels.serve.redact import QueryCredentialFilter  # noqa: E402
 from gemkernels.testing.fake_upstream import FakeUpstream, ServerThread, free_port  # noqa: E402
 
 HEADER_S = 0.5
@@ -303,8 +304,8 @@ def test_uvicorn_options_pick_uvicorns_protocol_and_the_guard_names_what_is_miss
 
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    options = uvicorn_options(1.5, 9.0)
-    assert options["timeout_keep_alive"] == 9.0 and options["ws"] == "none"
+    options = uvicorn_options(1.5, 9.0, 1234)
+    assert options["timeout_keep_alive"] == 9.0 and options["ws"] == "auto" and options["ws_max_size"] == 1234
     assert issubclass(options["http"], HeaderDeadline) and issubclass(options["http"], AutoHTTPProtocol)
     assert http_protocol(3.0).header_timeout == 3.0
     with pytest.raises(TypeError, match="cycle, loop, transport"):
@@ -314,13 +315,14 @@ def test_uvicorn_options_pick_uvicorns_protocol_and_the_guard_names_what_is_miss
 
 
 def test_gem_serve_passes_the_timeouts_to_uvicorn(monkeypatch):
-    """``gem serve``'s flags reach uvicorn (protocol class, keep-alive, no WebSockets) and the app's config."""
+    """``gem serve``'s flags reach uvicorn (protocol class, keep-alive, the WebSocket message limit) and the app's
+    config; uvicorn's WebSocket lines get the credential filter."""
     import uvicorn
 
     import gemkernels.serve.app
     from gemkernels.cli import build_parser
 
-    for name in ("gemkernels", "uvicorn.access"):  # run() sets a level and adds a filter: neither outlives the test
+    for name in ("gemkernels", "uvicorn.access", "uvicorn.error"):  # run() sets a level, adds filters: none outlive it
         logger = logging.getLogger(name)
         monkeypatch.setattr(logger, "filters", list(logger.filters))
         monkeypatch.setattr(logger, "setLevel", lambda level: None)
@@ -328,11 +330,14 @@ def test_gem_serve_passes_the_timeouts_to_uvicorn(monkeypatch):
     monkeypatch.setattr(gemkernels.serve.app, "create_app", lambda config: seen.update(config=config))
     monkeypatch.setattr(uvicorn, "Server", lambda config: types.SimpleNamespace(
         run=lambda sockets=None: seen.update(http=config.http, timeout_keep_alive=config.timeout_keep_alive,
-                                             ws=config.ws)))
+                                             ws=config.ws, ws_max_size=config.ws_max_size)))
     args = build_parser().parse_args(["serve", "--upstream", "http://127.0.0.1:9", "--encoder", "hash",
-                                      "--header-timeout", "2.5", "--keep-alive-timeout", "7", "--body-timeout", "4"])
+                                      "--header-timeout", "2.5", "--keep-alive-timeout", "7", "--body-timeout", "4",
+                                      "--max-message-mb", "2"])
     assert args.func(args) == 0
     assert seen["http"].header_timeout == 2.5 and issubclass(seen["http"], HeaderDeadline)
-    assert seen["timeout_keep_alive"] == 7.0 and seen["ws"] == "none" and seen["config"].body_timeout == 4.0
+    assert seen["timeout_keep_alive"] == 7.0 and seen["ws"] == "auto" and seen["config"].body_timeout == 4.0
+    assert seen["ws_max_size"] == seen["config"].max_message_bytes == 2 << 20
+    assert any(isinstance(f, QueryCredentialFilter) for f in logging.getLogger("uvicorn.error").filters)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--upstream", "http://u", "--header-timeout", "0"])
