@@ -131,10 +131,11 @@ def path_costs(lengths: np.ndarray, d: int, itemsize: int = 4, steps: int = 16,
     steps: HBM bytes at `HBM_BYTES_PER_S` scaled by how full its programs keep the GPU, or the Gram product's
     flops, whichever takes longer, plus its launches. A path the batch cannot take is left out.
 
-    fused: b passes over X, one program a session (of b x n < 2^31). stepwise: the same passes over row tiles of
-    128, two launches a step. gram: X read once, G (4 n^2 bytes a session) written and b of its rows read, on
-    64-row tiles, three launches a group of `GRAM_MAX_BYTES` (for sessions of up to 64 rows G stays on chip: X
-    alone, two launches).
+    fused: b passes over X, one program a session (of b x n < 2^31), after the norm kernel's pass (`kernels.norms`,
+    one launch). stepwise: the same passes over row tiles of 128, two launches a step. gram: X read once, G (4 n^2
+    bytes a session) written and b of its rows read, on 64-row tiles, three launches a group of `GRAM_MAX_BYTES`,
+    the norms from G's diagonal (one launch more; for sessions of up to 64 rows G stays on chip and gives the
+    norms itself: X alone, two launches).
     A greedy whose state does not fit its registers (fused past 256 rows, gram past 1,024) re-reads its
     coordinates: 2 b^2 n bytes a session."""
     n = np.asarray(lengths, dtype=np.float64)
@@ -147,10 +148,10 @@ def path_costs(lengths: np.ndarray, d: int, itemsize: int = 4, steps: int = 16,
                       flops / MATMUL_FLOP_PER_S.get(itemsize, MATMUL_FLOP_PER_S[4])) + launches * LAUNCH_S
         return PathCost(nbytes, flops, launches, int(programs), seconds)
 
-    passes = steps * x_bytes
-    costs = {"stepwise": cost(passes, 0.0, 2 * steps + 1, np.ceil(n / STREAM_TILE).sum())}
+    passes = (steps + 1) * x_bytes  # the norm kernel's pass, then one a step
+    costs = {"stepwise": cost(passes, 0.0, 2 * steps + 2, np.ceil(n / STREAM_TILE).sum())}
     if steps * n_max < FUSED_MAX_SESSION_COORDS:
-        costs["fused"] = cost(passes + (coords if n_max > 256 else 0.0), 0.0, 2, len(n))
+        costs["fused"] = cost(passes + (coords if n_max > 256 else 0.0), 0.0, 3, len(n))
     if 4 * n_max ** 2 <= GRAM_MAX_BYTES and n_max * d < GRAM_MAX_SESSION_ELEMENTS:
         if n_max <= 64:  # G on chip: the resident greedy and greedy_exact
             costs["gram"] = cost(x_bytes, float((2 * n * n * d).sum()), 2, len(n))
@@ -159,7 +160,8 @@ def path_costs(lengths: np.ndarray, d: int, itemsize: int = 4, steps: int = 16,
             upper = tiles * (tiles + 1) / 2
             gram_bytes = x_bytes + 4 * (n * n).sum() + 4 * steps * rows + (coords if n_max > 1024 else 0.0)
             groups = max(1, int(np.ceil(4 * (n * n).sum() / GRAM_MAX_BYTES)))  # about; three launches each
-            costs["gram"] = cost(gram_bytes, float((2 * GRAM_TILE ** 2 * d * upper).sum()), 3 * groups, upper.sum())
+            costs["gram"] = cost(gram_bytes, float((2 * GRAM_TILE ** 2 * d * upper).sum()), 3 * groups + 1,
+                                 upper.sum())
     return costs
 
 
