@@ -58,7 +58,11 @@ class HeaderDeadline:
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
         super().data_received(data)
-        if self.cycle is not cycle or self.transport.get_protocol() is not self:  # headers complete, or upgraded
+        upgraded = self.transport.get_protocol()
+        if upgraded is not self:  # a WebSocket upgrade: the timer goes only once the handshake has started
+            if getattr(upgraded, "handshake_initiated", True):  # (a request it could not parse never starts one)
+                self.disarm_header_deadline()
+        elif self.cycle is not cycle:  # headers complete
             self.disarm_header_deadline()
         elif cycle is None or cycle.response_complete:  # bytes of the next request's headers
             self.arm_header_deadline()
@@ -78,6 +82,7 @@ class HeaderDeadline:
             self.header_deadline = None
 
     def header_deadline_passed(self) -> None:
+        """Close the connection (also one handed to a WebSocket protocol that never started its handshake)."""
         self.header_deadline = None
         if not self.transport.is_closing():
             self.transport.close()

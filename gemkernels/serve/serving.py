@@ -274,13 +274,18 @@ class Proxy:
             await client.close(BAD_GATEWAY, reason_text(f"bad gateway: the upstream could not be reached "
                                                          f"({type(err).__name__})"))
             return
-        self.metrics.websocket_connections.labels("relayed").inc()
-        self.metrics.requests.labels(WEBSOCKET, PASSTHROUGH).inc()
-        self.metrics.passthroughs.labels(WEBSOCKET).inc()
-        logger.info("gemkernels: WebSocket %s to the %s upstream: websocket relayed unchanged", where, kind)
         messages = self.metrics.websocket_messages
         async with upstream:
-            await client.accept(upstream.subprotocol, client_headers(upstream.response.headers, NOT_RELAYED_HANDSHAKE))
+            try:
+                await client.accept(upstream.subprotocol,
+                                    client_headers(upstream.response.headers, NOT_RELAYED_HANDSHAKE))
+            except OSError:  # the client left during the upstream's handshake: close the upstream as a drop
+                await upstream.close(code=None)
+                return
+            self.metrics.websocket_connections.labels("relayed").inc()
+            self.metrics.requests.labels(WEBSOCKET, PASSTHROUGH).inc()
+            self.metrics.passthroughs.labels(WEBSOCKET).inc()
+            logger.info("gemkernels: WebSocket %s to the %s upstream: websocket relayed unchanged", where, kind)
             with self.metrics.websocket_open.track_inprogress():
                 await relay(client, upstream, messages.labels("to_upstream").inc, messages.labels("to_client").inc)
 

@@ -36,6 +36,14 @@ def websocket_url(url: str) -> str:
     return {"http": "ws", "https": "wss"}.get(scheme.lower(), scheme) + sep + rest
 
 
+class NoRedirects(connect):
+    """websockets' ``connect`` that follows no redirect: a 3xx is the upstream's answer, relayed to the client like
+    any refusal (as the HTTP relay does), and the client's credentials never go to another host."""
+
+    def process_redirect(self, exc: Exception) -> Exception:
+        return exc
+
+
 class Upstreams:
     """The OpenAI-format and Anthropic-format API roots (``roots``: kind -> URL) behind `UPSTREAM_POOLS` pools of
     keep-alive connections; ``transport`` replaces the network (tests, one pool)."""
@@ -82,9 +90,9 @@ class Upstreams:
         upgrading) or other ``WebSocketException`` (a broken handshake)."""
         url = websocket_url(self.url(kind, path)) + (f"?{query}" if query else "")
         secure = url.startswith("wss://")
-        return await connect(url, additional_headers=list(headers), subprotocols=list(subprotocols) or None,
-                             user_agent_header=None, open_timeout=self.connect_timeout, max_size=max_size,
-                             max_queue=WEBSOCKET_QUEUE_FRAMES, ssl=self.ssl if secure else None)
+        return await NoRedirects(url, additional_headers=list(headers), subprotocols=list(subprotocols) or None,
+                                 user_agent_header=None, open_timeout=self.connect_timeout, max_size=max_size,
+                                 max_queue=WEBSOCKET_QUEUE_FRAMES, ssl=self.ssl if secure else None)
 
     async def reachable(self, kind: str, timeout: float) -> str:
         """``reachable`` when the upstream answers at all (any HTTP status), else why not."""

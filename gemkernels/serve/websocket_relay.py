@@ -25,7 +25,9 @@ upstream an HTTP request of that path would reach (`gemkernels.serve.formats.ups
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from starlette.responses import Response
@@ -66,8 +68,24 @@ def upstream_headers(raw: Iterable[tuple[bytes, bytes]], dropped: frozenset[byte
 
 def client_headers(headers: Headers, dropped: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
     """The upstream's handshake response headers to relay to the client, less ``dropped`` and `HANDSHAKE` names."""
-    pairs = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.raw_items()]
+    pairs = [(header_bytes(k).lower(), header_bytes(v)) for k, v in headers.raw_items()]
     return [(k, v) for k, v in pairs if k not in dropped | HANDSHAKE]
+
+
+def header_bytes(text: str) -> bytes:
+    """A header text websockets decoded back to its bytes: ISO-8859-1 (websockets 17 and later), else UTF-8 with
+    surrogate escapes (earlier versions, Python 3.10), so that an odd value never fails the handshake."""
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+
+
+#: Set in the task that answered a handshake with a denial response (`refuse`), for `DeniedHandshakeFilter`.
+DENIED = ContextVar("gem_websocket_denied", default=False)
+#: What uvicorn 0.54 logs, as an error, after every denial response (Kludex/uvicorn#3138: it never marks such a
+#: handshake complete); an upstream's refusal relayed is not an error.
+UNCOMPLETED_HANDSHAKE = "ASGI callable returned without completing handshake."
 
 
 async def refuse(client: WebSocket, answer: HandshakeResponse, dropped: frozenset[bytes]) -> None:
@@ -78,7 +96,16 @@ async def refuse(client: WebSocket, answer: HandshakeResponse, dropped: frozense
         return
     refusal = Response(bytes(answer.body or b""), status_code=answer.status_code)
     refusal.raw_headers += client_headers(answer.headers, dropped)
+    DENIED.set(True)
     await client.send_denial_response(refusal)
+
+
+class DeniedHandshakeFilter(logging.Filter):
+    """Drops uvicorn's `UNCOMPLETED_HANDSHAKE` error where the handshake was answered by `refuse` (the same task
+    logs it after the app returned); every other record, that message elsewhere included, is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (DENIED.get() and record.getMessage() == UNCOMPLETED_HANDSHAKE)
 
 
 def upstream_closed(closed: ConnectionClosed) -> Closed:

@@ -45,6 +45,21 @@ class Listener:
     keep_alive_timeout: float
 
 
+def install_log_filters() -> None:
+    """On uvicorn's loggers: credentials out of the access log and of its WebSocket lines (which carry the query),
+    and no error for an upstream's refusal relayed as a WebSocket handshake's answer."""
+    from gemkernels.serve.redact import QueryCredentialFilter
+    from gemkernels.serve.websocket_relay import DeniedHandshakeFilter
+
+    for name in ("uvicorn.access", "uvicorn.error"):  # uvicorn logs WebSocket handshakes, query included, on the latter
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, QueryCredentialFilter) for f in logger.filters):
+            logger.addFilter(QueryCredentialFilter())
+    error = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, DeniedHandshakeFilter) for f in error.filters):
+        error.addFilter(DeniedHandshakeFilter())
+
+
 def uvicorn_config(config: ServerConfig, listener: Listener) -> Any:
     """The ``uvicorn.Config`` of one worker: the app, the deadlines, the WebSocket message limit, graceful shutdown,
     info logging without credentials in the access log or uvicorn's WebSocket lines."""
@@ -52,11 +67,8 @@ def uvicorn_config(config: ServerConfig, listener: Listener) -> Any:
 
     from gemkernels.serve.app import create_app
     from gemkernels.serve.connections import uvicorn_options
-    from gemkernels.serve.redact import QueryCredentialFilter
-
     logging.getLogger("gemkernels").setLevel(logging.INFO)
-    for name in ("uvicorn.access", "uvicorn.error"):  # uvicorn logs WebSocket handshakes, query included, on the latter
-        logging.getLogger(name).addFilter(QueryCredentialFilter())
+    install_log_filters()
     return uvicorn.Config(create_app(config), host=listener.host, port=listener.port,
                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, log_level="info",
                           **uvicorn_options(listener.header_timeout, listener.keep_alive_timeout,

@@ -6,9 +6,11 @@ concurrent connections, the header timer and the metrics."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import random
+import socket
 import threading
 import time
 from http import HTTPStatus
@@ -28,6 +30,8 @@ from websockets.sync.client import connect  # noqa: E402
 
 from gemkernels.serve.app import ServerConfig, create_app  # noqa: E402
 from gemkernels.serve.connections import uvicorn_options  # noqa: E402
+from gemkernels.serve.upstreams import NoRedirects  # noqa: E402
+from gemkernels.serve.workers import install_log_filters  # noqa: E402
 from gemkernels.testing.fake_upstream import ServerThread, free_port  # noqa: E402
 
 LIMIT = 1 << 20  # the proxy's max_message_bytes here
@@ -39,10 +43,12 @@ class WebSocketUpstream:
     """A websockets server on 127.0.0.1 (its own loop in a thread). Each connection echoes every message, records
     its handshake, the messages it got and the close it got; text commands ``cmd:close:CODE:REASON``,
     ``cmd:burst:N``, ``cmd:big:N`` (one binary message of N bytes) and ``cmd:drop`` (no close frame) script it.
-    A path starting ``/v1/refused`` is answered 401 without an upgrade."""
+    A path starting ``/v1/refused`` is answered 401 without an upgrade, ``/v1/moved`` 302 to ``moved_to``, and
+    ``/v1/slow`` only after half a second."""
 
     def __init__(self) -> None:
         self.connections: list[dict] = []
+        self.moved_to = ""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -58,12 +64,17 @@ class WebSocketUpstream:
     def subprotocol(connection, offered):
         return SUBPROTOCOL if SUBPROTOCOL in offered else None
 
-    @staticmethod
-    def refuse(connection, request):
+    async def refuse(self, connection, request):
         if request.path.startswith("/v1/refused"):
             response = connection.respond(HTTPStatus.UNAUTHORIZED, "no key for you\n")
             response.headers["x-request-id"] = "req-401"
             return response
+        if request.path.startswith("/v1/moved"):
+            response = connection.respond(HTTPStatus.FOUND, "moved\n")
+            response.headers["Location"] = self.moved_to
+            return response
+        if request.path.startswith("/v1/slow"):
+            await asyncio.sleep(0.5)
         return None
 
     @staticmethod
@@ -160,14 +171,15 @@ def logs(proxy, dead_proxy):
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
+    install_log_filters()  # as gem serve runs: credentials redacted, a relayed refusal not an error
     loggers = [logging.getLogger(name) for name in ("gemkernels.serve", "uvicorn.error")]
-    level = loggers[0].level
-    loggers[0].setLevel(logging.INFO)
+    levels = [logger.level for logger in loggers]
     for logger in loggers:
+        logger.setLevel(logging.INFO)  # uvicorn logs each WebSocket's handshake line at info
         logger.addHandler(handler)
     yield records
-    loggers[0].setLevel(level)
-    for logger in loggers:
+    for logger, level in zip(loggers, levels):
+        logger.setLevel(level)
         logger.removeHandler(handler)
 
 
@@ -227,6 +239,8 @@ def test_the_handshake_carries_the_clients_headers_and_subprotocol_and_the_upstr
     assert got.get_all("Host") == [f"127.0.0.1:{openai.port}"] and got["Sec-WebSocket-Key"] != client_key
     lines = [r.getMessage() for r in logs if r.name == "gemkernels.serve"]
     assert any("websocket relayed unchanged" in line and "api_key=[redacted]" in line for line in lines), lines
+    handshakes = [r.getMessage() for r in logs if r.name == "uvicorn.error" and "[accepted]" in r.getMessage()]
+    assert any("api_key=[redacted]" in line for line in handshakes), handshakes  # uvicorn's own line, redacted
     assert not any("qs-secret" in line or "sk-secret" in line for r in logs for line in [r.getMessage()])
 
 
@@ -268,9 +282,10 @@ def test_close_codes_and_reasons_go_both_ways(proxy, upstreams):
     assert closed.value.rcvd is None and ws.close_code == 1006
 
 
-def test_an_upstream_refusal_is_the_clients_answer(proxy, upstreams):
+def test_an_upstream_refusal_is_the_clients_answer(proxy, upstreams, logs):
     """An upstream that answers without upgrading (401) has its status, body and headers relayed to the client, as
-    a client facing the upstream itself would get them (Codex falls back to HTTP on such an answer)."""
+    a client facing the upstream itself would get them (Codex falls back to HTTP on such an answer); no error is
+    logged for it."""
     refused = metric(proxy, "gem_websocket_connections_total", result="refused")
     with pytest.raises(InvalidStatus) as err:
         connect(ws_url(proxy, "/v1/refused?t=refused"), open_timeout=5)
@@ -278,6 +293,59 @@ def test_an_upstream_refusal_is_the_clients_answer(proxy, upstreams):
     assert response.status_code == 401 and response.body == b"no key for you\n"
     assert response.headers["x-request-id"] == "req-401"
     assert metric(proxy, "gem_websocket_connections_total", result="refused") == refused + 1
+    time.sleep(0.2)  # uvicorn logs after the app returned
+    assert not [r for r in logs if r.levelno >= logging.ERROR], [r.getMessage() for r in logs]
+
+
+def test_an_upstream_redirect_is_relayed_not_followed(proxy, upstreams):
+    """A 302 from the upstream goes to the client as the handshake's answer; the proxy never takes the client's
+    credentials to the other host (a client that follows it does so itself)."""
+    openai, anthropic = upstreams
+    openai.moved_to = f"ws://127.0.0.1:{anthropic.port}/moved-here"
+
+    async def handshake():
+        async with NoRedirects(ws_url(proxy, "/v1/moved"), additional_headers={"api-key": "azure-secret"},
+                               open_timeout=5):
+            return None
+
+    with pytest.raises(InvalidStatus) as err:
+        asyncio.run(handshake())
+    assert err.value.response.status_code == 302 and err.value.response.headers["Location"] == openai.moved_to
+    time.sleep(0.2)
+    assert not [c for c in anthropic.connections if "moved-here" in c["path"]]
+
+
+def test_a_client_that_leaves_during_the_upstream_handshake_closes_the_upstream_as_a_drop(proxy, upstreams):
+    """The client goes while the upstream is still answering: the upstream gets an empty close (as for any client
+    that drops), not an internal error, and nothing is counted as relayed."""
+    openai, _ = upstreams
+    relayed = metric(proxy, "gem_websocket_connections_total", result="relayed")
+    with socket.create_connection(("127.0.0.1", proxy.port)) as raw:
+        raw.sendall(upgrade_request("/v1/slow-leaver").encode())
+        time.sleep(0.1)
+    assert openai.closed("slow-leaver")[0] == 1005  # no status: an empty close frame
+    assert metric(proxy, "gem_websocket_connections_total", result="relayed") == relayed
+
+
+@pytest.mark.parametrize("extra", ["Content-Length: 5", "Transfer-Encoding: chunked"], ids=["body", "chunked"])
+def test_an_upgrade_the_websocket_protocol_cannot_take_is_closed_at_the_header_timeout(proxy, extra):
+    """An upgrade request whose handshake never starts (websockets refuses a body on it and answers nothing) is
+    closed when the header timeout passes, as a slow client's headers are: no connection held forever."""
+    with socket.create_connection(("127.0.0.1", proxy.port)) as raw:
+        raw.sendall(upgrade_request("/v1/responses", method="POST", extra=extra).encode())
+        raw.settimeout(HEADER_S * 6)
+        started = time.monotonic()
+        while raw.recv(65536):
+            pass
+        assert time.monotonic() - started < HEADER_S * 6
+
+
+def upgrade_request(path: str, method: str = "GET", extra: str = "") -> str:
+    """A WebSocket upgrade request's head, with ``extra`` header lines."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    lines = [f"{method} {path} HTTP/1.1", "Host: x", "Upgrade: websocket", "Connection: Upgrade",
+             f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13", *([extra] if extra else [])]
+    return "\r\n".join(lines) + "\r\n\r\n"
 
 
 def test_an_unreachable_upstream_closes_the_client_with_1014_and_http_goes_on(dead_proxy, logs):
@@ -351,3 +419,14 @@ def test_the_metrics_count_connections_and_messages(proxy, upstreams):
     after = [metric(proxy, name, **labels) for name, labels in names]
     assert [a - b for a, b in zip(after, before)] == [2, 10, 10, 2]
     wait_for(lambda: metric(proxy, "gem_websocket_open") == 0 or None)
+
+
+def test_header_values_come_back_as_the_bytes_they_were_on_any_websockets_version():
+    """ISO-8859-1 text (websockets 17) and UTF-8 with surrogate escapes (earlier versions) both give the bytes back:
+    an odd header value never fails the handshake."""
+    from gemkernels.serve.websocket_relay import header_bytes
+
+    raw = b"caf\xe9 \xff"
+    assert header_bytes(raw.decode("latin-1")) == raw
+    assert header_bytes(raw.decode("utf-8", "surrogateescape")) == raw
+    assert header_bytes("plain") == b"plain"
