@@ -156,7 +156,7 @@ def greedy_resident(x: torch.Tensor, inv_norm: torch.Tensor, offsets: torch.Tens
                                                                               gram_offsets)
     greedy_resident_kernel[(sessions,)](
         x, inv_norm, gram, gram_offsets, offsets, protected_idx, protected_offsets, candidate, tau, capacity,
-        residuals, indices, counts, coverage, residuals if bad_rows is None else bad_rows, eps, d, x.stride(0), width,
+        residuals, indices, counts, coverage, candidate if bad_rows is None else bad_rows, eps, d, x.stride(0), width,
         SOURCE=source, BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_D=block_d, EVEN_D=source == "chip" and d % block_d == 0,
         INPUT_PRECISION=input_precision(x.dtype), num_warps=num_warps,
     )

@@ -25,6 +25,8 @@ BASIS_TILE = tl.constexpr(16)
 SMALLEST_NORMAL = tl.constexpr(float(np.finfo(np.float32).tiny))
 #: fp32's largest finite number: a squared norm above it (inf) or not comparable (NaN) marks a bad row.
 LARGEST = tl.constexpr(float(np.finfo(np.float32).max))
+#: Below it a row's 1 / ||x|| squared overflows fp32 (the scaled products s_i s_j would be inf): a bad row.
+SMALLEST = tl.constexpr(float(1.0 / np.finfo(np.float32).max))
 
 
 @triton.jit
@@ -55,9 +57,9 @@ def inverse_sqrt(r):
 @triton.jit
 def inverse_norms(sq_norms, m):
     """(``1 / sqrt(sq_norms)``, 0 where ``m`` is false or a row is bad; the bad rows where ``m``): a row is bad when its
-    fp32 squared norm is 0 or not finite (all zeros, not finite, or too large or too small for fp32), as
+    fp32 squared norm is below `SMALLEST` or not finite (all zeros, not finite, or too large or too small for fp32), as
     `gemkernels.select.api.row_sq_norms` decides."""
-    good = (sq_norms > 0.0) & (sq_norms <= LARGEST)  # NaN fails both
+    good = (sq_norms >= SMALLEST) & (sq_norms <= LARGEST)  # NaN fails both
     return tl.where(m & good, inverse_sqrt(tl.where(good, sq_norms, 1.0)), 0.0), m & (good == 0)
 
 

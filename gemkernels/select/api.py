@@ -207,7 +207,8 @@ def check_eps(eps: Any) -> float:
 
 def row_sq_norms(x: Any, offsets: np.ndarray | None = None) -> Any:
     """Squared row norms of ``x`` in its library, accumulated in float32 (float64 for float64 input); raises
-    ValueError naming the first row (and session, given a batch's ``offsets``) that is all zeros or not finite."""
+    ValueError naming the first row (and session, given a batch's ``offsets``) that is all zeros, not finite, or too
+    small to normalise (a squared norm below 1 / the dtype's largest value)."""
     lib = library_of(x)
     if lib == TORCH:
         import torch
@@ -223,9 +224,10 @@ def row_sq_norms(x: Any, offsets: np.ndarray | None = None) -> Any:
         acc = xp.float64 if x.dtype == xp.float64 else xp.float32
         sq = xp.einsum("ij,ij->i", x, x, dtype=acc)
     host = to_numpy(sq)
-    if host.min() > 0 and math.isfinite(host.max()):  # NaN fails the first test (min propagates it)
+    tiny = 1.0 / np.finfo(host.dtype).max  # below it 1 / ||x|| squared overflows: the scaled Gram entries would
+    if host.min() >= tiny and math.isfinite(host.max()):  # NaN fails the first test (min propagates it)
         return sq
-    raise bad_row_error(x, int(np.argmax(~(np.isfinite(host) & (host > 0)))), offsets)
+    raise bad_row_error(x, int(np.argmax(~(np.isfinite(host) & (host >= tiny)))), offsets)
 
 
 def bad_row_error(x: Any, row: int, offsets: np.ndarray | None = None) -> ValueError:

@@ -98,3 +98,21 @@ def test_triton_options_hold_for_one_thread_or_task_only():
     with triton_backend.using(forced):
         assert triton_backend.current_options() == forced
     assert triton_backend.current_options() == triton_backend.TritonOptions()
+
+
+@pytest.mark.parametrize("name", ["numpy", "torch", "numba"])
+def test_a_row_too_small_to_normalise_in_float32_is_refused_not_answered_wrong(name):
+    """A float32 row of norm 1e-20 (squared norm 1e-40 < 1 / FLT_MAX): its scale 1 / ||x|| squared overflows, and
+    the numpy backend silently returned one block at coverage 0.165 where float64 keeps six at 0.66; every
+    backend now refuses it by name, as it refuses a zero row."""
+    if unavailable_reason(name):
+        pytest.skip(unavailable_reason(name))
+    x = np.random.default_rng(3).standard_normal((10, 8)).astype(np.float32)
+    x[3] = 1e-20
+    data = x
+    if name == "torch":
+        torch = pytest.importorskip("torch")
+        data = torch.from_numpy(x)
+    with pytest.raises(ValueError, match=r"^row 3 of the embeddings is too large or too small to normalise"):
+        gk.select(data, protected=[3], k=6, tau=1.0, backend=name)
+    assert len(gk.select(x.astype(np.float64), protected=[3], k=6, tau=1.0, backend="numpy").indices) == 6

@@ -64,7 +64,8 @@ def test_norms_taken_on_the_device_give_the_reference_answers(forced, path, resi
 
 
 BAD_VALUES = {"nan": (np.nan, "not finite"), "inf": (np.inf, "not finite"), "zero": (0.0, "all zeros"),
-              "huge": (3e19, "too large or too small to normalise in float32")}
+              "huge": (3e19, "too large or too small to normalise in float32"),
+              "tiny": (1e-20, "too large or too small to normalise in float32")}  # 1/||x||^2 overflows fp32
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy meets the NaN and inf
@@ -79,7 +80,7 @@ def test_a_bad_row_is_refused_by_name_on_every_path(forced, path, resident, leng
     for i, (name, (value, problem)) in enumerate(BAD_VALUES.items()):
         bad = [x.copy() for x in xs]
         for row in (20, 5):
-            if name in ("zero", "huge"):
+            if name in ("zero", "huge", "tiny"):
                 bad[1][row] = value
             else:
                 bad[1][row, 3] = value

@@ -308,8 +308,9 @@ def select_packed(batch: RaggedBatch, values: torch.Tensor, sq_norms: torch.Tens
 
     With ``sq_norms`` None the kernels take the rows' norms themselves, from the Gram matrices' diagonals on the
     gram path (the one on chip, or G in memory) and from one pass over X on the others, and the result's
-    ``bad_rows`` flags the rows that are zero or not finite in fp32 (int8, on the device: nothing here waits for
-    it); a session with such a row takes its protected steps only."""
+    ``bad_rows`` flags the rows that are zero, too small or not finite in fp32 (int8, on the device: nothing here
+    waits for it); a session with such a row takes its protected steps only (on chip: no step at all). Its results
+    are not an answer: the API raises for it."""
     from gemkernels.kernels.gram import ragged_gram
     from gemkernels.kernels.greedy_exact import greedy_exact
     from gemkernels.kernels.greedy_fused import greedy_fused
