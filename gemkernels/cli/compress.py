@@ -96,10 +96,11 @@ def summary(stats: CompressionStats, labels: dict[int, str]) -> str:
     return "\n".join(lines)
 
 
-def whole_run(messages: list[dict[str, Any]], goal: str | None, encoder: Encoder, prices: Prices) -> str:
+def whole_run(messages: list[dict[str, Any]], encoder: Encoder, prices: Prices) -> str:
     """What each preset forwards over the whole history, model call by model call (each assistant turn answers
     the messages before it), against forwarding it all: o200k input tokens, price with a prompt cache, prefix
-    breaks; and which preset to choose. Blocks are encoded once, by ``encoder``, for every preset."""
+    breaks; and which preset to choose. Blocks are encoded once, by ``encoder``, for every preset; GEM reads the
+    task from each request, as ``gem serve`` does."""
     if missing_extra("compress", "tokens") is not None:
         return "(the whole-run table counts o200k tokens: pip install 'gemkernels[tokens]')"
     from gemkernels.evaluate.loaders import Run
@@ -107,7 +108,7 @@ def whole_run(messages: list[dict[str, Any]], goal: str | None, encoder: Encoder
     from gemkernels.evaluate.online_replay import BASELINE, relative, replay_run
 
     policies = [BASELINE, *(f"gem-{preset}" for preset in WHOLE_RUN_PRESETS)]
-    replayed = replay_run(Run("run", "openai", messages, goal, ""), policies, PolicyOptions(prices=prices),
+    replayed = replay_run(Run("run", "openai", messages, None, ""), policies, PolicyOptions(prices=prices),
                           encoder=lambda name: encoder, evidence=())
     totals = replayed.totals()
     rel = relative(totals, prices)
@@ -185,6 +186,6 @@ def run(args: argparse.Namespace) -> int:
     if args.stats:
         Path(args.stats).write_text(json.dumps(result.stats.to_dict(), indent=1))
     if args.whole_run and len(checkpoints(messages)) > 1:
-        print(whole_run(messages, args.goal or recorded_goal, gem.encoder, prices), file=sys.stderr)
+        print(whole_run(messages, gem.encoder, prices), file=sys.stderr)
     return 0
 

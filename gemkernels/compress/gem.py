@@ -46,6 +46,7 @@ from gemkernels.select.arrays import to_numpy
 from gemkernels.select.result import Selection
 
 logger = logging.getLogger("gemkernels")
+NO_LEXICON = Lexicon(EMPTY, EMPTY)  # a block's, under a config that reads no lexicon
 
 PASSTHROUGH, UNCHANGED, RESELECTED, APPENDED = "passthrough", "unchanged", "reselected", "appended"
 
@@ -60,7 +61,7 @@ class BlockInfo:
     embedding: np.ndarray
     nbytes: int  # what keeping it in a session state costs (`block_nbytes`)
     tools: tuple[str, ...] = ()  # the names of the tools it calls
-    lexicon: Lexicon = Lexicon(EMPTY, EMPTY)  # what it holds and names (`references.block_lexicon`)
+    lexicon: Lexicon = NO_LEXICON  # what it holds and names (`references.block_lexicon`), if the config reads it
     signature: int = 0  # its tool calls (`router.call_signature`)
 
 
@@ -117,6 +118,8 @@ class GEM:
         self.config = resolve_config(config)
         cfg = self.config
         self.text_actions = text_action_profiles(cfg.text_actions, cfg.text_action_regex, cfg.text_observation_regex)
+        # lexicons (0.4 ms a block, 8x its evidence features) only for a config that reads them
+        self.reads_lexicons = cfg.ranking == "router" or cfg.evidence.reference > 0
         self.encoder = make_encoder(encoder) if isinstance(encoder, str) else encoder
         self.store = store if store is not None else SessionStore()  # an empty store is falsy (__len__)
         # block identities: Python's hash for a store in this process, one every process computes for a shared one
@@ -360,7 +363,7 @@ class GEM:
                                  "or not finite)")
             for b, block, embedding, text in zip(new_ids, new, embeddings, texts):
                 messages = [history.messages[p] for p in block.positions]
-                lexicon = block_lexicon(block, text)
+                lexicon = block_lexicon(block, text) if self.reads_lexicons else NO_LEXICON
                 features = block_features(block)
                 cache[keys[b]] = BlockInfo(
                     chars=sum(serialised_chars(m) for m in messages),

@@ -79,10 +79,8 @@ def action_text(block: Block, max_chars: int = MAX_CHARS) -> str:
     return block_text(replace(block, observations=()), max_chars)
 
 
-def checkpoint_goals(run: Run, starts: Sequence[int], checkpoints: Sequence[int]) -> list[str]:
-    """The task text GEM would use at each checkpoint: the recorded goal, else the latest user instruction."""
-    if run.goal is not None:
-        return [run.goal] * len(checkpoints)
+def request_tasks(run: Run, starts: Sequence[int], checkpoints: Sequence[int]) -> list[str]:
+    """The task text GEM reads from the request at each checkpoint (the latest user instruction)."""
     return [parse_history(run.messages[:starts[t]]).task_text() for t in checkpoints]
 
 
@@ -99,11 +97,11 @@ def prepare(runs: Sequence[Run], cache: EmbeddingCache, min_blocks: int, progres
         checkpoints = tuple(range(min_blocks, len(starts)))
         if checkpoints:
             blocks = history.blocks + ((final,) if final else ())
-            goals = checkpoint_goals(run, starts, checkpoints)
+            tasks = request_tasks(run, starts, checkpoints)
+            goals = [run.goal] * len(checkpoints) if run.goal is not None else tasks  # the metrics' goal
             name = f"{run.path}:{run.name}" if run.name in repeated else run.name
             sizes = tuple(sum(len(tokens.message(run.messages[p])) for p in span.positions) for span in history.spans)
             chars = tuple(sum(serialised_chars(run.messages[p]) for p in span.positions) for span in history.spans)
-            tasks = [parse_history(run.messages[:starts[t]]).task_text() for t in checkpoints]
             staged.append((name, blocks, checkpoints, [block_text(b) for b in blocks],
                            [action_text(blocks[t]) for t in checkpoints], goals, sizes + (0,) * bool(final),
                            run.format, chars + (0,) * bool(final), tasks))

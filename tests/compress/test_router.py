@@ -305,3 +305,17 @@ def test_the_cache_aware_preset_ranks_by_the_router_and_the_geometry_preset_keep
     assert resolve_config("paper").ranking == "geometry"
     with pytest.raises(ValueError, match="ranking must be one of"):
         with_overrides("paper", ["ranking=learned"])
+
+
+def test_only_a_config_that_reads_lexicons_pays_for_them():
+    """A block's lexicon (0.4 ms of regular expressions) is computed under the router or the reference rule only;
+    other configs keep the empty one in the session's block cache."""
+    from gemkernels.compress.gem import NO_LEXICON
+
+    messages = history_of([("bash", f"cat mod/file_{i}.py", f"def name_{i}(): pass") for i in range(20)])
+    for config, reads in (("paper", False), ("cache-aware-geometry", False), ("cache-aware", True),
+                          (with_overrides("paper", ["evidence.reference=1"]), True)):
+        gem = GEM(config, encoder=HashEncoder(64), token_counter=None)
+        gem.compress(messages, session_id="s")
+        infos = list(gem.store.get("s").block_cache.values())
+        assert all((info.lexicon is not NO_LEXICON and info.lexicon.holds.size > 0) == reads for info in infos), config
