@@ -27,19 +27,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
     messages = synthetic_history(args.blocks, seed=1)
-    gem = GEM("paper", encoder=CachedEncoder(HashEncoder(384)), token_counter=None)
-    gem.compress(messages[:-2], session_id="bench")
-    ranked = GEM(with_overrides("cache-aware", ["reselect_on_goal_change=True"]),
-                 encoder=CachedEncoder(HashEncoder(384)), token_counter=None)
-    ranked.compress(messages[:-2], session_id="bench")
+    appending, reselecting, ranked = (GEM(config, encoder=CachedEncoder(HashEncoder(384)), token_counter=None)
+                                      for config in ("paper", "paper", with_overrides(
+                                          "cache-aware", ["reselect_on_goal_change=True"])))
+    for gem in (appending, reselecting, ranked):  # one GEM each: a goal change would make every path reselect
+        gem.compress(messages[:-2], session_id="bench")
     goals = itertools.count()
     results = compare({
         "json.dumps(request)": lambda: json.dumps(messages),
-        "compress, append path": lambda: gem.compress(messages, session_id="bench"),
-        "compress, reselection path": lambda: gem.compress(messages, session_id="bench", goal=f"goal {next(goals)}"),
+        "compress, append path": lambda: appending.compress(messages, session_id="bench"),
+        "compress, reselection path": lambda: reselecting.compress(messages, session_id="bench",
+                                                                   goal=f"goal {next(goals)}"),
         "compress, router rewrite (cache-aware)": lambda: ranked.compress(messages, session_id="bench",
                                                                           goal=f"goal {next(goals)}"),
     }, repeats=args.repeats)
+    actions = {name: gem.compress(messages, session_id="bench", goal=goal).stats.action
+               for name, gem, goal in (("append", appending, None), ("reselection", reselecting, "another goal"))}
+    assert actions == {"append": "appended", "reselection": "reselected"}, actions  # each path is the one named
     floor = results["json.dumps(request)"].median
     print(f"{args.blocks} blocks, {len(json.dumps(messages)):,} serialised characters\n")
     print("| what | median | ratio to json.dumps |\n|---|---|---|")

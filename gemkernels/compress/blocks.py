@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import chain, compress, repeat
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,7 @@ class History:
     messages: Sequence[dict[str, Any]]
     format: str
     spans: tuple[Span, ...]
+    roles: Sequence[Any] | None = None  # each message's role, where the parse read them
 
     @property
     def prefix_end(self) -> int:
@@ -82,7 +84,12 @@ class History:
 
     @cached_property
     def block_positions(self) -> frozenset[int]:
-        return frozenset(p for span in self.spans for p in span.positions)
+        return frozenset(chain.from_iterable([span.positions for span in self.spans]))
+
+    @cached_property
+    def other_positions(self) -> list[int]:
+        """The positions of the messages outside blocks, ascending."""
+        return sorted(set(range(len(self.messages))).difference(self.block_positions))
 
     @cached_property
     def blocks(self) -> tuple[Block, ...]:
@@ -103,10 +110,11 @@ class History:
 
     def task_text(self, which: str = "latest") -> str:
         """The ``latest`` (or ``first``) user instruction that is not a tool result or in a block ('' if none)."""
-        order = range(len(self.messages))
-        for i in reversed(order) if which == "latest" else order:
+        roles = self.roles if self.roles is not None else [message.get("role") for message in self.messages]
+        users = [i for i, role in enumerate(roles) if role == "user"]
+        for i in reversed(users) if which == "latest" else users:
             message = self.messages[i]
-            if message.get("role") == "user" and i not in self.block_positions and not is_tool_result_message(message):
+            if i not in self.block_positions and not is_tool_result_message(message):
                 text = content_text(message.get("content"))
                 if text.strip():
                     return text
@@ -144,8 +152,10 @@ def is_tool_result_message(message: dict[str, Any]) -> bool:
 
 def detect_format(messages: Sequence[dict[str, Any]]) -> str:
     """``anthropic`` when any message carries ``tool_use``/``tool_result`` parts, else ``openai``."""
-    for message in messages:
-        content = message.get("content")
+    contents = list(map(dict.get, messages, repeat("content")))
+    if not any(issubclass(kind, list) for kind in set(map(type, contents))):  # text only: one pass in C
+        return OPENAI
+    for content in contents:
         if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in ("tool_use", "tool_result")
                                              for p in content):
             return ANTHROPIC
@@ -166,16 +176,12 @@ def parse_history(messages: Any, format: str = "auto",
         bad = next((i for i, item in enumerate(messages) if type(item) is not dict), None)
         if bad is not None:
             raise BlockStructureError(f"input item {bad} is {type(messages[bad]).__name__}, not an object")
-        return History(messages, RESPONSES, tuple(responses_spans(messages)))
-    for i, message in enumerate(messages):
-        if type(message) is not dict or type(message.get("role")) is not str:
-            if isinstance(message, dict) and isinstance(message.get("role"), str):
-                continue
-            what = "has no role" if isinstance(message, dict) else f"is {type(message).__name__}, not an object"
-            raise BlockStructureError(f"message {i} {what}")
+        return History(messages, RESPONSES, tuple(responses_spans(messages)),
+                       list(map(dict.get, messages, repeat("role"))))
+    roles = message_roles(messages)
     fmt = detect_format(messages) if format == "auto" else format
     if fmt == OPENAI:
-        spans = openai_spans(messages)
+        spans = openai_spans(messages, roles)
         if not spans and format == "auto" and (text := text_spans(messages, text_actions)):
             fmt, spans = TEXT_ACTIONS, text
     elif fmt == TEXT_ACTIONS:
@@ -185,7 +191,20 @@ def parse_history(messages: Any, format: str = "auto",
     else:
         raise ValueError(f"unknown message format {format!r}; choose auto, openai, anthropic, responses or "
                          "text-actions")
-    return History(messages, fmt, tuple(spans))
+    return History(messages, fmt, tuple(spans), roles)
+
+
+def message_roles(messages: Sequence[Any]) -> list[str]:
+    """Each message's role; raises `BlockStructureError` for a message that is not an object with a string role."""
+    if set(map(type, messages)) <= {dict}:  # the usual history: read in C
+        roles = list(map(dict.get, messages, repeat("role")))
+        if set(map(type, roles)) <= {str}:
+            return roles
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            what = "has no role" if isinstance(message, dict) else f"is {type(message).__name__}, not an object"
+            raise BlockStructureError(f"message {i} {what}")
+    return [message["role"] for message in messages]
 
 
 def text_spans(messages: Sequence[dict[str, Any]], profiles: Sequence[TextActionProfile] | None) -> list[Span]:
@@ -195,17 +214,17 @@ def text_spans(messages: Sequence[dict[str, Any]], profiles: Sequence[TextAction
     return text_action_spans(messages, tuple(PROFILES.values()) if profiles is None else profiles)
 
 
-def openai_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
-    """Assistant messages with ``tool_calls`` and the ``tool`` messages answering them, ids unique and matched."""
+def openai_spans(messages: Sequence[dict[str, Any]], roles: Sequence[str] | None = None) -> list[Span]:
+    """Assistant messages with ``tool_calls`` and the ``tool`` messages answering them, ids unique and matched
+    (``roles``: each message's, when the caller has read them)."""
     owner: dict[str, int] = {}
     spans: dict[int, tuple[list[int], tuple[str, ...]]] = {}
     early: list[tuple[int, str]] = []
     answered: set[str] = set()
-    for i, message in enumerate(messages):
-        role = message["role"]
+    for i, role in enumerate(roles if roles is not None else [message["role"] for message in messages]):
         if role == "tool":
-            call_id = message.get("tool_call_id")
-            if not isinstance(call_id, str):
+            call_id = messages[i].get("tool_call_id")
+            if call_id.__class__ is not str and not isinstance(call_id, str):
                 raise BlockStructureError(f"tool message {i} has a tool_call_id that is not a string")
             start = owner.get(call_id)
             if start is None:
@@ -216,12 +235,13 @@ def openai_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
                 answered.add(call_id)
                 spans[start][0].append(i)
         elif role == "assistant":
-            calls = message.get("tool_calls")
+            calls = messages[i].get("tool_calls")
             if not calls:
                 continue
             if not isinstance(calls, list):
                 raise BlockStructureError(f"message {i} has tool_calls that are not a list")
-            ids = tuple([call.get("id") if isinstance(call, dict) else None for call in calls])
+            ids = tuple([call.get("id") if call.__class__ is dict or isinstance(call, dict) else None
+                         for call in calls])
             for call_id in ids:
                 if not isinstance(call_id, str) or not call_id:
                     raise BlockStructureError(f"message {i} has a tool call without an id")
@@ -313,8 +333,12 @@ def reconstruct(history: History, kept_blocks: set[int]) -> list[dict[str, Any]]
     Only whole blocks of a history that parsed are dropped, so the result keeps the parse's guarantees
     (unique ids, every call with all its results, the prefix and every non-block message) by construction;
     the tests parse every output again on every development run."""
-    dropped = {p for b, span in enumerate(history.spans) if b not in kept_blocks for p in span.positions}
-    return [message for i, message in enumerate(history.messages) if i not in dropped]
+    keep = [True] * len(history.messages)
+    for b, span in enumerate(history.spans):
+        if b not in kept_blocks:
+            for p in span.positions:
+                keep[p] = False
+    return list(compress(history.messages, keep))
 
 
 def json_object(text: str | bytes) -> dict[str, Any] | None:

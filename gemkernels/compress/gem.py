@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -63,6 +63,36 @@ class BlockInfo:
     tools: tuple[str, ...] = ()  # the names of the tools it calls
     lexicon: Lexicon = NO_LEXICON  # what it holds and names (`references.block_lexicon`), if the config reads it
     signature: int = 0  # its tool calls (`router.call_signature`)
+
+
+@dataclass(frozen=True)
+class BlockColumns:
+    """A request's per-block values in block order, kept with its session state: the next request whose history
+    extends it reuses them (one copy of each column) and computes only its new blocks'."""
+
+    infos: tuple[BlockInfo, ...]
+    embeddings: np.ndarray  # (blocks, dim) float32, a copy of the infos' rows
+    sizes: tuple[int, ...]  # `block_tokens`
+    chars: tuple[int, ...]
+    features: tuple[BlockFeatures, ...]
+    lexicons: tuple[Lexicon, ...]
+    nbytes: int  # the infos' and the embedding matrix's
+
+    @classmethod
+    def of(cls, infos: Sequence[BlockInfo]) -> BlockColumns:
+        embeddings = np.stack([info.embedding for info in infos])
+        return cls(tuple(infos), embeddings, tuple(map(block_tokens, infos)), tuple(info.chars for info in infos),
+                   tuple(info.features for info in infos), tuple(info.lexicon for info in infos),
+                   sum(info.nbytes for info in infos) + embeddings.nbytes)
+
+    def extended(self, infos: Sequence[BlockInfo]) -> BlockColumns:
+        """These columns followed by those of ``infos``."""
+        if not infos:
+            return self
+        new = BlockColumns.of(infos)
+        return BlockColumns(self.infos + new.infos, np.concatenate([self.embeddings, new.embeddings]),
+                            self.sizes + new.sizes, self.chars + new.chars, self.features + new.features,
+                            self.lexicons + new.lexicons, self.nbytes + new.nbytes)
 
 
 @dataclass
@@ -187,21 +217,24 @@ class GEM:
         goal_text = goal if goal is not None else history.task_text(cfg.goal_from)
         state = self.store.get(store_key)
         what = responses_said if history.format == RESPONSES else said
-        keys = tuple(self.digest(what(messages, span)) for span in spans)
+        digest = self.digest
+        keys = tuple([digest(what(messages, span)) for span in spans])
+        seen = len(state.block_keys) if state is not None else 0  # blocks of the last request
+        prior = state.columns if state is not None and keys[:seen] == state.block_keys else None
         cache = {} if state is None else state.block_cache if save else dict(state.block_cache)  # a dry run adds none
         encode_started = time.perf_counter()
         try:
-            infos, encoded = self._block_infos(history, keys, cache)
+            start = seen if prior is not None else 0
+            new_infos, encoded = self._block_infos(history, keys, cache, start)
+            columns = prior.extended(new_infos) if prior is not None else BlockColumns.of(new_infos)
             task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
         except EncodingDeferred as err:
             return self._deferred(history, keys, state, session_id, f"encoding deferred: {err}", started,
                                   message_sizes)
-        embeddings = np.stack([info.embedding for info in infos])
+        infos, embeddings, sizes = columns.infos, columns.embeddings, columns.sizes
         encode_seconds = time.perf_counter() - encode_started
 
-        lexicons = [info.lexicon for info in infos]
-        protected = evidence_picks([info.features for info in infos], embeddings, task_embedding, cfg.evidence,
-                                   lexicons)
+        protected = evidence_picks(columns.features, embeddings, task_embedding, cfg.evidence, columns.lexicons)
         if cfg.keep_tools:
             keep = set(cfg.keep_tools)
             protected["kept_tool"] = [b for b, info in enumerate(infos) if keep.intersection(info.tools)]
@@ -209,15 +242,13 @@ class GEM:
 
         goal_key = goal_digest(goal_text)
         reason = reselection_reason(state, keys, goal_key, cfg)
-        sizes = [block_tokens(info) for info in infos]
         if message_sizes is None:
-            block_chars = [info.chars for info in infos]
-            chars_before = request_chars(messages, history, infos)
+            block_chars: Sequence[int] = columns.chars
+            chars_before = request_chars(messages, history, sum(block_chars))
         else:
             block_chars = [sum(message_sizes[p] for p in span.positions) for span in spans]
             chars_before = sum(message_sizes)
         appended: set[int] = set()
-        seen = len(state.block_keys) if state is not None else 0  # blocks of the last request
         if reason is None:
             before = set(range(n)) if state is None else {b for b in range(seen) if keys[b] in state.forwarded}
             appended = before | set(range(seen, n)) | (set() if cfg.budgeted else set(seeds))
@@ -242,9 +273,10 @@ class GEM:
         forwarded, reason = self._ceiling(history, forwarded, sizes, other, core, seeds, reason)
 
         out = reconstruct(history, forwarded)
-        if save:
-            self.store.put(store_key, SessionState(keys, frozenset(keys[b] for b in forwarded), goal_key,
-                                                    selected_at, dict(zip(keys, infos)), sum(i.nbytes for i in infos)))
+        if save:  # the cache holds exactly this request's blocks when it extended the last one's
+            block_cache = cache if len(cache) == n else dict(zip(keys, infos))
+            self.store.put(store_key, SessionState(keys, frozenset(map(keys.__getitem__, forwarded)), goal_key,
+                                                    selected_at, block_cache, columns.nbytes, columns))
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
         if other is not None:
@@ -294,8 +326,7 @@ class GEM:
         if self.count_tokens is None:
             return None
         messages = history.messages
-        return sum(self.count_other_tokens(serialise(messages[p])) for p in range(len(messages))
-                   if p not in history.block_positions)
+        return sum(self.count_other_tokens(serialise(messages[p])) for p in history.other_positions)
 
     def _ceiling(self, history: History, forwarded: set[int], sizes: Sequence[int], other: int | None,
                  core: Sequence[int], seeds: Sequence[int], reason: str) -> tuple[set[int], str]:
@@ -304,7 +335,7 @@ class GEM:
         ceiling = self.config.max_forward_tokens
         if ceiling is None:
             return forwarded, reason
-        fixed = other if other is not None else -(-request_chars(history.messages, history, []) // 4)
+        fixed = other if other is not None else -(-request_chars(history.messages, history, 0) // 4)
         dropped = ceiling_drops(forwarded, sizes, fixed, core, seeds, ceiling)
         if not dropped:
             return forwarded, reason
@@ -344,15 +375,15 @@ class GEM:
                     room -= sizes[b]
         else:
             core = order[:max(cfg.k, num_protected)]
-        in_core = set(core)
-        removable = [b for b in range(n) if b not in in_core]
+        removable = sorted(set(range(n)).difference(core))
         dropped = set(guarded_removals(block_chars, removable, total_chars, cfg.delta))
         return set(range(n)) - dropped, core, coverage
 
-    def _block_infos(self, history: History, keys: Sequence[str],
-                     cache: dict[str, BlockInfo]) -> tuple[list[BlockInfo], int]:
-        """Cached per-block info; new blocks are encoded in one batch. Returns (infos, newly encoded)."""
-        new_ids = [b for b, key in enumerate(keys) if key not in cache]
+    def _block_infos(self, history: History, keys: Sequence[Hashable], cache: dict[Hashable, BlockInfo],
+                     start: int = 0) -> tuple[list[BlockInfo], int]:
+        """The infos of blocks ``start`` onwards, cached or computed (new blocks encoded in one batch): (infos,
+        newly encoded)."""
+        new_ids = [b for b in range(start, len(keys)) if keys[b] not in cache]
         new = [history.block(b) for b in new_ids]
         if new:
             texts = [block_text(block, self.config.max_text_chars) for block in new]
@@ -372,7 +403,7 @@ class GEM:
                     features=features, embedding=embedding, nbytes=block_nbytes(keys[b], embedding, features, lexicon),
                     tools=tuple(dict.fromkeys(action.name for action in block.actions)), lexicon=lexicon,
                     signature=call_signature(block))
-        return [cache[key] for key in keys], len(new)
+        return [cache[key] for key in keys[start:]], len(new)
 
 
 def check_router(router: Router, encoder: str) -> None:
@@ -390,11 +421,12 @@ def warn_encoder_mismatch(trained: str, encoder: str) -> None:
                    "--encoder` makes one for yours", trained, encoder)
 
 
-def block_nbytes(key: str, embedding: np.ndarray, features: BlockFeatures, lexicon: Lexicon) -> int:
+def block_nbytes(key: Hashable, embedding: np.ndarray, features: BlockFeatures, lexicon: Lexicon) -> int:
     """About what one block costs a session state: its embedding, its key (in the cache, the block list and the
     forwarded set), the paths and sources of its features, its lexicon, and some 500 bytes of Python objects
     around them."""
-    return (embedding.nbytes + 3 * len(key) + sum(map(len, features.edited_paths + features.sources))
+    return (embedding.nbytes + 3 * (len(key) if isinstance(key, str) else 8)
+            + sum(map(len, features.edited_paths + features.sources))
             + lexicon.nbytes + 500)
 
 
@@ -411,11 +443,10 @@ def serialised_chars(message: Any) -> int:
     return len(json.dumps(message)) + 2
 
 
-def request_chars(messages: Sequence[Any], history: History, infos: Sequence[BlockInfo]) -> int:
-    """``len(json.dumps(messages))`` from cached block sizes plus the non-block messages."""
-    in_blocks = history.block_positions
-    other = sum(serialised_chars(m) for p, m in enumerate(messages) if p not in in_blocks)
-    return sum(info.chars for info in infos) + other
+def request_chars(messages: Sequence[Any], history: History, block_chars: int) -> int:
+    """``len(json.dumps(messages))`` from the blocks' cached sizes (``block_chars`` in all) plus the non-block
+    messages."""
+    return block_chars + sum(serialised_chars(messages[p]) for p in history.other_positions)
 
 
 def prefix_session_id(history: History) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+
+import numpy as np
 
 
 def guarded_removals(sizes: Sequence[int], removable: Sequence[int], total: int, delta: float) -> list[int]:
@@ -10,11 +13,18 @@ def guarded_removals(sizes: Sequence[int], removable: Sequence[int], total: int,
     request keeps at least ``(1 - delta) * total`` of its serialised characters."""
     if not 0 <= delta <= 1:
         raise ValueError(f"delta must lie in [0, 1], got {delta}")
-    floor = (1.0 - delta) * total
-    kept = total
+    candidates = np.asarray(removable, dtype=np.int64)
+    by_size = np.asarray(sizes, dtype=np.int64)[candidates]
+    order = np.lexsort((candidates, -by_size))  # largest first, ties earliest
+    candidates, descending = candidates[order], by_size[order]
+    ascending_negated = -descending
+    budget = total - math.ceil((1.0 - delta) * total)  # a block fits while kept - size >= that floor (integers)
     dropped = []
-    for block in sorted(removable, key=lambda b: (-sizes[b], b)):
-        if kept - sizes[block] >= floor:
-            kept -= sizes[block]
-            dropped.append(block)
-    return sorted(dropped)
+    at = 0
+    while True:  # the next candidate that fits: the sizes descend, so those that fit are a suffix of the rest
+        at = max(at, int(np.searchsorted(ascending_negated, -budget, side="left")))
+        if at >= len(descending):
+            return sorted(dropped)
+        dropped.append(int(candidates[at]))
+        budget -= int(descending[at])
+        at += 1

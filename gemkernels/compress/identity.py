@@ -3,7 +3,7 @@ elided old output) is a new one. Prompt-cache breakpoints (``cache_control``, wh
 message every turn) are left out at any depth.
 
 What a block says is one hashable tuple (`said`). A store kept in this process compares identities made with
-Python's ``hash()`` of it (fast; salted per process). A store shared by processes (``StateStore.shared``, the
+Python's ``hash()`` of it (an int; fast; salted per process). A store shared by processes (``StateStore.shared``, the
 replicas of DESIGN.md §5.1) compares identities made by different processes, so they are 12 bytes of the SHA-256
 of an unambiguous encoding of the same tuple (`stable_digest`): equal in every process.
 """
@@ -36,13 +36,12 @@ def frozen(value: Any) -> Any:
 def said(messages: Sequence[Any], span: Span) -> tuple[Any, ...]:
     """What a chat block says: its call ids, each message's content and reasoning, each tool call's name and
     arguments."""
-    parts: list[Any] = [span.key]
+    parts: list[Any] = [span.call_ids]
     for p in span.positions:  # runs for every block of every request: kept to plain lookups
         get = messages[p].get
-        content, thinking, reasoning = get("content"), get("reasoning_content"), get("reasoning")
-        here: tuple[Any, ...] = (content if content.__class__ in PLAIN else frozen(content),
-                                 thinking if thinking.__class__ in PLAIN else frozen(thinking),
-                                 reasoning if reasoning.__class__ in PLAIN else frozen(reasoning))
+        here = (get("content"), get("reasoning_content"), get("reasoning"))
+        if here[0].__class__ not in PLAIN or here[1] is not None or here[2] is not None:
+            here = tuple([value if value.__class__ in PLAIN else frozen(value) for value in here])
         calls = get("tool_calls")
         parts.append(here + tuple(map(call_said, calls)) if calls else here)
     return tuple(parts)
@@ -61,12 +60,12 @@ def call_said(call: Any) -> Any:
 
 def responses_said(items: Sequence[Any], span: Span) -> tuple[Any, ...]:
     """What a Responses API block says: its call ids and every field of its items."""
-    return (span.key, *(frozen(items[p]) for p in span.positions))
+    return (span.call_ids, *(frozen(items[p]) for p in span.positions))
 
 
-def local_digest(value: tuple[Any, ...]) -> str:
-    """An identity for a store in this process: Python's hash of ``value``."""
-    return f"{hash(value) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+#: An identity for a store in this process: Python's hash of what the block says (an int: no formatting, and the
+#: cheapest key a dict or set compares).
+local_digest = hash
 
 
 def stable_digest(value: tuple[Any, ...]) -> str:

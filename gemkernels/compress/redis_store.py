@@ -141,8 +141,10 @@ class RedisSessionStore:
             return None
         block_keys, forwarded, goal, at_selection = unpack_state(packed)
         local = self.local.get(session_id)
-        cache, nbytes = (local.block_cache, local.nbytes) if local is not None else ({}, 0)
-        return SessionState(block_keys, forwarded, goal, at_selection, cache, nbytes)
+        if local is None:
+            return SessionState(block_keys, forwarded, goal, at_selection)
+        columns = local.columns if local.block_keys == block_keys else None  # this process wrote the last state
+        return SessionState(block_keys, forwarded, goal, at_selection, local.block_cache, local.nbytes, columns)
 
     def put(self, session_id: str, state: SessionState) -> None:
         """Save ``state`` if the session's version is still the one this thread's last ``get`` of it read (without

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 from gemkernels.compress.blocks import Action, Block, BlockStructureError, Span
@@ -25,7 +26,14 @@ RESPONSES_TYPES = frozenset(CALL_OUTPUTS) | OUTPUT_TYPES | {"reasoning", "compac
 
 def is_responses_input(items: Sequence[Any]) -> bool:
     """Whether ``items`` holds an item type of the Responses API (a chat history never does)."""
-    return any(isinstance(item, dict) and item.get("type") in RESPONSES_TYPES for item in items)
+    if set(map(type, items)) <= {dict}:  # the usual input: read in C
+        kinds = list(map(dict.get, items, repeat("type")))
+    else:
+        kinds = [item.get("type") for item in items if isinstance(item, dict)]
+    try:
+        return not RESPONSES_TYPES.isdisjoint(kinds)
+    except TypeError:  # an unhashable "type" (a client's list): it names no Responses type
+        return any(isinstance(kind, str) and kind in RESPONSES_TYPES for kind in kinds)
 
 
 def responses_spans(items: Sequence[dict[str, Any]]) -> list[Span]:
@@ -39,6 +47,8 @@ def responses_spans(items: Sequence[dict[str, Any]]) -> list[Span]:
     in_run = False  # the previous item was a call: a further call joins its block
     for i, item in enumerate(items):
         kind = item.get("type")
+        if not isinstance(kind, str):  # not a type this parser knows (and maybe unhashable): never removed
+            kind = None
         call_id = item.get("call_id")
         if kind in CALL_OUTPUTS:
             if not isinstance(call_id, str) or not call_id:

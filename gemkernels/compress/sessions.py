@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,14 +19,16 @@ from typing import Any, Protocol
 class SessionState:
     """What the last request of a session looked like and what was forwarded for it: its block identities, those
     forwarded, a digest of its goal (`goal_digest`), its block count at the last selection, and the per-block work
-    (``block_cache``, identity -> `BlockInfo`) that this process keeps for its next request."""
+    that this process keeps for its next request (``block_cache``, identity -> `BlockInfo`, and ``columns``, the
+    same in block order: `gemkernels.compress.gem.BlockColumns`)."""
 
-    block_keys: tuple[str, ...]
-    forwarded: frozenset[str]
+    block_keys: tuple[Hashable, ...]
+    forwarded: frozenset[Hashable]
     goal: str
     blocks_at_selection: int
-    block_cache: dict[str, Any] = field(default_factory=dict)
+    block_cache: dict[Hashable, Any] = field(default_factory=dict)
     nbytes: int = 0  # what the state holds, estimated by its writer (block embeddings and keys, mostly)
+    columns: Any = None
 
 
 def goal_digest(goal: str) -> str:

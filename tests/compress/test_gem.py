@@ -140,6 +140,19 @@ def test_malformed_requests_pass_through_unchanged(mutate, reason):
     assert result.stats.action == "passthrough" and reason in result.stats.reason
 
 
+@pytest.mark.parametrize("where", [1, 4, 5])
+def test_an_unhashable_type_field_is_forwarded_not_raised(where):
+    """A client's ``"type": []`` on a message or Responses item names no type (a set lookup raised TypeError)."""
+    messages = synthetic_history(30)
+    messages[where] = {**messages[where], "type": ["not", "a", "type"]}
+    result = make_gem().compress(messages)
+    assert result.stats.action in ("reselected", "passthrough") and messages[where] in result.messages
+    items = [{"type": {"a": 1}, "role": "user", "content": "x"},
+             *({"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"} if j == 0 else
+               {"type": "function_call_output", "call_id": f"c{i}", "output": "ok"} for i in range(20) for j in (0, 1))]
+    assert make_gem().compress(items).stats.action == "reselected"
+
+
 @pytest.mark.parametrize("not_a_history", [None, "hello", {"role": "user"}, [1, 2], [{"content": "no role"}]])
 def test_non_lists_pass_through(not_a_history):
     result = make_gem().compress(not_a_history)

@@ -324,3 +324,23 @@ def test_the_session_store_is_bounded_in_bytes_as_well_as_in_count():
     assert store.get("huge") is None and store.nbytes <= store.max_bytes
     store.put("s4", SessionState((), frozenset(), "", 0, nbytes=1))  # a state replaced is counted once
     assert store.nbytes == sum(item[1].nbytes for item in store._items.values())
+
+
+def one_by_one(sizes, removable, total, delta):
+    """The guard's contract read literally: every candidate in turn, largest first (ties earliest)."""
+    kept, floor, dropped = total, (1.0 - delta) * total, []
+    for block in sorted(removable, key=lambda b: (-sizes[b], b)):
+        if kept - sizes[block] >= floor:
+            kept -= sizes[block]
+            dropped.append(block)
+    return sorted(dropped)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(0, 10**7), min_size=1, max_size=60), data=st.data(),
+       delta=st.floats(0, 1) | st.sampled_from([0.0, 0.05, 0.25, 0.5, 1.0]), extra=st.integers(0, 10**6))
+def test_the_guard_decides_as_one_candidate_at_a_time_would(sizes, data, delta, extra):
+    """The guard skips to the next candidate that fits (a search over the sorted sizes), exactly as trying each."""
+    removable = data.draw(st.lists(st.sampled_from(range(len(sizes))), unique=True))
+    total = sum(sizes) + extra
+    assert guarded_removals(sizes, removable, total, delta) == one_by_one(sizes, removable, total, delta)
