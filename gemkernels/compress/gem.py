@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gemkernels.compress.blocks import RESPONSES, BlockStructureError, History, parse_history, reconstruct
+from gemkernels.compress.blocks import RESPONSES, BlockStructureError, History, Span, parse_history, reconstruct
 from gemkernels.compress.config import GEMConfig, resolve_config
 from gemkernels.compress.encoders import Encoder, EncodingDeferred, make_encoder
 from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
@@ -28,6 +28,7 @@ from gemkernels.compress.identity import local_digest, responses_said, said, sta
 from gemkernels.compress.policy import budget_reason, ceiling_drops, could_repay, repay_reason, reselection_reason
 from gemkernels.compress.references import EMPTY, Lexicon, block_lexicon
 from gemkernels.compress.representation import block_text
+from gemkernels.compress.resume import Marshalled, resume
 from gemkernels.compress.router import Router, call_signature, load_router, request_features
 from gemkernels.compress.router.features import superseded
 from gemkernels.compress.router.ranking import retrieval_scores, router_order
@@ -177,17 +178,12 @@ class GEM:
         ``save=False``: a dry run (what this request would be forwarded as), leaving the session as it was."""
         started = time.perf_counter()
         try:
-            history = parse_history(messages, text_actions=self.text_actions)
+            try:
+                return self._compress(messages, session_id, goal, started, message_sizes, tenant, save)
+            except SessionConflict:  # another request of the session saved first: once more, from its state
+                return self._compress(messages, session_id, goal, started, message_sizes, tenant, save)
         except BlockStructureError as err:
             return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
-        if message_sizes is not None and len(message_sizes) != len(history.messages):
-            return self._passthrough(messages, f"{len(message_sizes)} message sizes for {len(history.messages)} "
-                                     "messages", session_id, started)
-        try:
-            try:
-                return self._compress(history, session_id, goal, started, message_sizes, tenant, save)
-            except SessionConflict:  # another request of the session saved first: once more, from its state
-                return self._compress(history, session_id, goal, started, message_sizes, tenant, save)
         except (SessionConflict, StoreUnavailable) as err:  # a shared store's, expected: no traceback each
             return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
         except Exception as err:  # the request must go out whatever happened here
@@ -201,24 +197,36 @@ class GEM:
                                  seconds={"total": time.perf_counter() - started})
         return Compressed(messages, stats)
 
-    def _compress(self, history: History, session_id: str | None, goal: str | None, started: float,
+    def _compress(self, messages: Any, session_id: str | None, goal: str | None, started: float,
                   message_sizes: Sequence[int] | None, tenant: str | None, save: bool) -> Compressed:
         cfg = self.config
-        messages, spans = history.messages, history.spans
+        history = keys = call_ids = marshalled = None
+        if session_id is not None and isinstance(messages, (list, tuple)):  # the last request's parse may go on
+            marshalled = Marshalled(messages)
+            local_get = getattr(self.store, "local_get", None)  # this process's copy (a shared store's, no round trip)
+            last = local_get(session_key(session_id, tenant)) if local_get is not None else None
+            if last is not None and last.parsed is not None:
+                history, keys, call_ids = resume(last.parsed, messages, marshalled, self._identities) or (None,) * 3
+        if history is None:
+            history = parse_history(messages, text_actions=self.text_actions)
+        if message_sizes is not None and len(message_sizes) != len(history.messages):
+            return self._passthrough(messages, f"{len(message_sizes)} message sizes for {len(history.messages)} "
+                                     "messages", session_id, started)
+        spans = history.spans
         n = len(spans)
-        session_id = session_id or prefix_session_id(history)
-        store_key = session_id if tenant is None else f"{tenant}\x1f{session_id}"
         if n < cfg.min_blocks:
-            stats = CompressionStats(UNCHANGED, f"{n} complete blocks, fewer than {cfg.min_blocks}", session_id,
-                                     blocks=n, messages_before=len(messages), messages_after=len(messages))
+            stats = CompressionStats(UNCHANGED, f"{n} complete blocks, fewer than {cfg.min_blocks}",
+                                     session_id or prefix_session_id(history), blocks=n,
+                                     messages_before=len(messages), messages_after=len(messages))
             stats.seconds["total"] = time.perf_counter() - started
             return Compressed(messages, stats)
+        session_id = session_id or prefix_session_id(history)
+        store_key = session_key(session_id, tenant)
+        state = self.store.get(store_key)
 
         goal_text = goal if goal is not None else history.task_text(cfg.goal_from)
-        state = self.store.get(store_key)
-        what = responses_said if history.format == RESPONSES else said
-        digest = self.digest
-        keys = tuple([digest(what(messages, span)) for span in spans])
+        if keys is None:
+            keys = self._identities(history.format, messages, spans)
         seen = len(state.block_keys) if state is not None else 0  # blocks of the last request
         prior = state.columns if state is not None and keys[:seen] == state.block_keys else None
         cache = {} if state is None else state.block_cache if save else dict(state.block_cache)  # a dry run adds none
@@ -275,8 +283,10 @@ class GEM:
         out = reconstruct(history, forwarded)
         if save:  # the cache holds exactly this request's blocks when it extended the last one's
             block_cache = cache if len(cache) == n else dict(zip(keys, infos))
-            self.store.put(store_key, SessionState(keys, frozenset(map(keys.__getitem__, forwarded)), goal_key,
-                                                    selected_at, block_cache, columns.nbytes, columns))
+            parsed = marshalled.parsed(history, keys, call_ids) if marshalled is not None else None
+            self.store.put(store_key, SessionState(
+                keys, frozenset(map(keys.__getitem__, forwarded)), goal_key, selected_at, block_cache,
+                columns.nbytes + (parsed.held_bytes if parsed is not None else 0), columns, parsed))
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
         if other is not None:
@@ -292,6 +302,11 @@ class GEM:
                      "total": time.perf_counter() - started},
         )
         return Compressed(out, stats)
+
+    def _identities(self, format: str, messages: Sequence[Any], spans: Sequence[Span]) -> tuple[Hashable, ...]:
+        """The identities of the blocks at ``spans`` (`gemkernels.compress.identity`)."""
+        what, digest = responses_said if format == RESPONSES else said, self.digest
+        return tuple([digest(what(messages, span)) for span in spans])
 
     def _deferred(self, history: History, keys: tuple[str, ...], state: SessionState | None, session_id: str,
                   why: str, started: float, message_sizes: Sequence[int] | None) -> Compressed:
@@ -447,6 +462,11 @@ def request_chars(messages: Sequence[Any], history: History, block_chars: int) -
     """``len(json.dumps(messages))`` from the blocks' cached sizes (``block_chars`` in all) plus the non-block
     messages."""
     return block_chars + sum(serialised_chars(messages[p]) for p in history.other_positions)
+
+
+def session_key(session_id: str, tenant: str | None) -> str:
+    """Where a tenant's session lives in the store (sessions of two tenants never meet)."""
+    return session_id if tenant is None else f"{tenant}\x1f{session_id}"
 
 
 def prefix_session_id(history: History) -> str:

@@ -146,6 +146,10 @@ class RedisSessionStore:
         columns = local.columns if local.block_keys == block_keys else None  # this process wrote the last state
         return SessionState(block_keys, forwarded, goal, at_selection, local.block_cache, local.nbytes, columns)
 
+    def local_get(self, session_id: str) -> SessionState | None:
+        """The last state this process saved for the session (no round trip; Redis may hold a newer one)."""
+        return self.local.get(session_id)
+
     def put(self, session_id: str, state: SessionState) -> None:
         """Save ``state`` if the session's version is still the one this thread's last ``get`` of it read (without
         such a get, whatever is saved); `SessionConflict` if not."""

@@ -19,8 +19,9 @@ from typing import Any, Protocol
 class SessionState:
     """What the last request of a session looked like and what was forwarded for it: its block identities, those
     forwarded, a digest of its goal (`goal_digest`), its block count at the last selection, and the per-block work
-    that this process keeps for its next request (``block_cache``, identity -> `BlockInfo`, and ``columns``, the
-    same in block order: `gemkernels.compress.gem.BlockColumns`)."""
+    that this process keeps for its next request (``block_cache``, identity -> `BlockInfo`; ``columns``, the
+    same in block order: `gemkernels.compress.gem.BlockColumns`; ``parsed``, what its parse found:
+    `gemkernels.compress.resume.ParsedHistory`)."""
 
     block_keys: tuple[Hashable, ...]
     forwarded: frozenset[Hashable]
@@ -29,6 +30,7 @@ class SessionState:
     block_cache: dict[Hashable, Any] = field(default_factory=dict)
     nbytes: int = 0  # what the state holds, estimated by its writer (block embeddings and keys, mostly)
     columns: Any = None
+    parsed: Any = None
 
 
 def goal_digest(goal: str) -> str:
@@ -49,7 +51,9 @@ class StateStore(Protocol):
     the states this process holds. A shared store may raise on ``put`` when another request of the session saved
     in between (GEM computes that request again) or when it cannot be reached (the request goes out unchanged).
     A store with a true ``shared`` attribute is read by other processes: GEM then names blocks by identities that
-    every process computes alike (`gemkernels.compress.identity.stable_digest`)."""
+    every process computes alike (`gemkernels.compress.identity.stable_digest`). A store may offer ``local_get``,
+    the last state this process saved under a key, without a round trip: GEM resumes that state's parse from it
+    (`gemkernels.compress.resume`), which checks the messages it reuses itself."""
 
     def get(self, session_id: str) -> SessionState | None: ...
 
@@ -84,6 +88,8 @@ class SessionStore:
             self._items[session_id] = (self.clock(), item[1])
             self._items.move_to_end(session_id)
             return item[1]
+
+    local_get = get  # this process's copy is the state itself
 
     def put(self, session_id: str, state: SessionState) -> None:
         with self._lock:

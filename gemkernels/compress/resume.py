@@ -1,0 +1,151 @@
+"""Parsing only what a request adds (DESIGN.md §2.1): a history whose first messages are the last request's,
+unchanged, keeps that request's blocks, roles and block identities, and only the messages after them are parsed.
+
+"Unchanged" is checked on values, not objects: the SHA-256 of the messages' ``marshal`` bytes (format 2: values
+only, no object references, so neither who built the objects nor how often they are referenced matters), which
+costs a fraction of one ``json.dumps`` of the request. Resuming is refused, and the whole history parsed, wherever
+a whole parse could decide otherwise: a message that does not marshal, a changed or shorter prefix, a format the
+added messages would change, a block that would span the boundary (a Responses reasoning item left open, a call id
+the prefix used), and text-action histories (whose profile is chosen over the whole history).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain
+from typing import Any
+
+from gemkernels.compress.blocks import (
+    ANTHROPIC,
+    OPENAI,
+    RESPONSES,
+    TEXT_ACTIONS,
+    BlockStructureError,
+    History,
+    Span,
+    anthropic_spans,
+    detect_format,
+    message_roles,
+    openai_spans,
+    parts,
+)
+from gemkernels.compress.responses_items import is_responses_input, responses_spans
+
+#: marshal's format without object references: equal values, equal bytes.
+MARSHAL_VERSION = 2
+#: A marshalled list starts with its type byte and a 32-bit length; the messages' bytes follow.
+LIST_HEADER = 5
+
+
+@dataclass(frozen=True)
+class ParsedHistory:
+    """What one request's parse leaves for the next of its session: how many messages it read, the length and
+    SHA-256 of their marshalled bytes, and what the parse found (format, blocks, roles, block identities, and
+    every call id the messages use)."""
+
+    count: int
+    nbytes: int
+    digest: bytes
+    format: str
+    spans: tuple[Span, ...]
+    roles: tuple[Any, ...]
+    keys: tuple[Hashable, ...]
+    call_ids: frozenset[str]
+    open_end: bool  # its last message would join a block that starts after it (a Responses reasoning item)
+
+    @property
+    def held_bytes(self) -> int:
+        """About what keeping it costs: its spans, roles, keys and call ids as Python objects."""
+        return 200 * len(self.spans) + 16 * len(self.roles) + 60 * len(self.call_ids)
+
+
+class Marshalled:
+    """A request's messages as marshal bytes, and digests of their leading bytes (``data`` None when some value
+    does not marshal: then nothing resumes)."""
+
+    def __init__(self, messages: Sequence[Any]):
+        self.messages = messages
+        self.hashed: tuple[int, Any] = (0, hashlib.sha256())  # the digest so far: of the first n bytes
+
+    @cached_property
+    def data(self) -> bytes | None:
+        messages = self.messages
+        try:
+            return marshal.dumps(messages if type(messages) in (list, tuple) else list(messages), MARSHAL_VERSION)
+        except (ValueError, TypeError):  # an object marshal does not know, or nested deeper than it goes
+            return None
+
+    def digest(self, nbytes: int) -> bytes:
+        """The SHA-256 of the messages' first ``nbytes`` bytes (continuing from the last digest when it is shorter)."""
+        done, hasher = self.hashed if self.hashed[0] <= nbytes else (0, hashlib.sha256())
+        hasher = hasher.copy()
+        hasher.update(memoryview(self.data)[LIST_HEADER + done:LIST_HEADER + nbytes])
+        self.hashed = (nbytes, hasher)
+        return hasher.digest()
+
+    def parsed(self, history: History, keys: tuple[Hashable, ...], call_ids: frozenset[str] | None) -> ParsedHistory | None:
+        """What ``history`` (these messages parsed, ``keys`` its block identities, ``call_ids`` every call id its
+        messages use: None to read them) leaves for the next request; None where the next parses whole."""
+        if self.data is None or history.format == TEXT_ACTIONS:
+            return None
+        messages = history.messages
+        last = messages[-1] if messages else None
+        open_end = history.format == RESPONSES and isinstance(last, dict) and last.get("type") == "reasoning"
+        roles = history.roles if type(history.roles) is tuple else tuple(history.roles or ())
+        if call_ids is None:
+            call_ids = used_call_ids(history.format, messages, history.spans)
+        return ParsedHistory(len(messages), len(self.data) - LIST_HEADER, self.digest(len(self.data) - LIST_HEADER),
+                             history.format, history.spans, roles, keys, call_ids, open_end)
+
+
+def used_call_ids(format: str, messages: Sequence[Any], spans: Sequence[Span]) -> frozenset[str]:
+    """Every call id ``messages`` use: their blocks', and for Anthropic also those of tool_use parts in no block
+    (answered by a message that carries other parts too)."""
+    ids = set(chain.from_iterable([span.call_ids for span in spans]))
+    if format == ANTHROPIC:
+        ids.update(p.get("id") for m in messages if m.get("role") == "assistant" for p in parts(m)
+                   if p.get("type") == "tool_use" and isinstance(p.get("id"), str))
+    return frozenset(ids)
+
+
+def resume(last: ParsedHistory, messages: Sequence[Any], marshalled: Marshalled,
+           identify: Callable[[str, Sequence[Any], Sequence[Span]], tuple[Hashable, ...]],
+           ) -> tuple[History, tuple[Hashable, ...], frozenset[str]] | None:
+    """``messages`` parsed from where ``last`` ended, exactly as a whole parse would give them, with its block
+    identities (``identify`` computes those of the added blocks) and every call id it uses; None where a whole
+    parse is needed."""
+    m = last.count
+    if (marshalled.data is None or m == 0 or len(messages) < m or last.open_end
+            or len(marshalled.data) < LIST_HEADER + last.nbytes or marshalled.digest(last.nbytes) != last.digest):
+        return None
+    tail = list(messages[m:])
+    try:
+        if last.format == RESPONSES:
+            if not all(type(item) is dict for item in tail):
+                return None
+            roles = [item.get("role") for item in tail]
+            added = responses_spans(tail)
+        else:
+            if is_responses_input(tail):
+                return None
+            roles = message_roles(tail)
+            if last.format == OPENAI:
+                if not last.spans or detect_format(tail) != OPENAI:  # auto would try text actions, or Anthropic
+                    return None
+                added = openai_spans(tail, roles)
+            elif last.format == ANTHROPIC:
+                added = anthropic_spans(tail)
+            else:
+                return None
+    except BlockStructureError:  # the whole parse says where
+        return None
+    added = [Span(tuple([p + m for p in span.positions]), span.call_ids) for span in added]
+    ids = used_call_ids(last.format, tail, added)
+    if not last.call_ids.isdisjoint(ids):  # a call id of the prefix used again: the whole parse refuses it
+        return None
+    history = History(messages, last.format, last.spans + tuple(added), last.roles + tuple(roles))
+    return history, last.keys + identify(last.format, messages, added), last.call_ids | ids

@@ -1,0 +1,180 @@
+"""Resuming the last request's parse (`gemkernels.compress.resume`): on generated histories of every format, with
+ids reused, results orphaned, reasoning left open and prefixes changed, a resumed parse is the whole parse or
+refuses; and GEM forwards the same request whether it resumed or not."""
+
+import copy
+import json
+
+import pytest
+
+from gemkernels import GEM
+from gemkernels.compress.blocks import BlockStructureError, parse_history
+from gemkernels.compress.encoders import HashEncoder
+from gemkernels.compress.identity import local_digest, responses_said, said
+from gemkernels.compress.resume import Marshalled, resume
+from gemkernels.testing.histories import synthetic_anthropic_history, synthetic_history, synthetic_responses_input
+
+pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+IDS = st.sampled_from(["call_0", "call_1", "call_2", "a", "b", "c"])  # few, the base's among them: ids are reused
+
+
+def identify(fmt, messages, spans):
+    what = responses_said if fmt == "responses" else said
+    return tuple(local_digest(what(messages, span)) for span in spans)
+
+
+def openai_piece(draw):
+    kind = draw(st.sampled_from(["call", "call", "result", "result", "user", "assistant", "bad"]))
+    if kind == "call":
+        ids = draw(st.lists(IDS, min_size=1, max_size=2))
+        return {"role": "assistant", "content": draw(st.text(max_size=3)),
+                "tool_calls": [{"id": i, "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+                               for i in ids]}
+    if kind == "result":
+        return {"role": "tool", "tool_call_id": draw(IDS), "content": draw(st.text(max_size=3))}
+    if kind == "bad":
+        return draw(st.sampled_from([{"role": "tool", "tool_call_id": 7, "content": ""}, {"content": "no role"},
+                                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a"}]}]))
+    return {"role": kind, "content": draw(st.text(max_size=3))}
+
+
+def anthropic_piece(draw):
+    kind = draw(st.sampled_from(["use", "use", "result", "result", "user", "assistant"]))
+    if kind == "use":
+        ids = draw(st.lists(IDS, min_size=1, max_size=2))
+        return {"role": "assistant", "content": [{"type": "text", "text": "t"},
+                                                 *({"type": "tool_use", "id": i, "name": "bash", "input": {}}
+                                                   for i in ids)]}
+    if kind == "result":
+        ids = draw(st.lists(IDS, min_size=1, max_size=2))
+        extra = [{"type": "text", "text": "also"}] if draw(st.booleans()) else []
+        return {"role": "user", "content": [*({"type": "tool_result", "tool_use_id": i, "content": "ok"}
+                                              for i in ids), *extra]}
+    return {"role": kind, "content": [{"type": "text", "text": draw(st.text(max_size=3))}]}
+
+
+def responses_piece(draw):
+    kind = draw(st.sampled_from(["call", "call", "output", "output", "reasoning", "reasoning", "message"]))
+    if kind == "call":
+        role = {"role": "assistant"} if draw(st.booleans()) else {}  # a role on a call: still a Responses item
+        return {"type": "function_call", "call_id": draw(IDS), "name": "shell", "arguments": "{}", **role}
+    if kind == "output":
+        return {"type": "function_call_output", "call_id": draw(IDS), "output": draw(st.text(max_size=3))}
+    if kind == "reasoning":
+        return {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r"}]}
+    return {"type": "message", "role": draw(st.sampled_from(["user", "assistant"])), "content": "m"}
+
+
+PIECES = {"openai": openai_piece, "anthropic": anthropic_piece, "responses": responses_piece}
+
+
+@st.composite
+def extended_histories(draw):
+    """(the last request, this request): a well-formed history of one format, then pieces added (of that format
+    or, sometimes, another), and sometimes a message of the last request changed."""
+    fmt = draw(st.sampled_from(sorted(PIECES)))
+    base = {"openai": synthetic_history, "anthropic": synthetic_anthropic_history,
+            "responses": synthetic_responses_input}[fmt](draw(st.integers(1, 4)), seed=draw(st.integers(0, 3)))
+    last = base + [PIECES[fmt](draw) for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2])))]
+    other = draw(st.sampled_from([fmt, fmt, fmt, *sorted(PIECES)]))
+    added = []
+    for _ in range(draw(st.integers(0, 3))):  # a call and its result, or any one piece
+        if other == "openai" and draw(st.booleans()):
+            call = draw(IDS)
+            added += [{"role": "assistant", "content": "", "tool_calls": [
+                {"id": call, "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": call, "content": "ok"}]
+        elif other == "responses" and draw(st.booleans()):
+            call = draw(IDS)
+            added += [{"type": "function_call", "call_id": call, "name": "shell", "arguments": "{}"},
+                      {"type": "function_call_output", "call_id": call, "output": "ok"}]
+        else:
+            added.append(PIECES[other](draw))
+    now = copy.deepcopy(last) + added
+    if draw(st.integers(0, 4)) == 0 and last:
+        at = draw(st.integers(0, len(last) - 1))
+        now[at] = {**now[at], "content": "changed"}
+    return last, now
+
+
+def whole(messages):
+    try:
+        return parse_history(messages)
+    except BlockStructureError:
+        return None
+
+
+@settings(max_examples=600, deadline=None)
+@given(extended_histories())
+def test_a_resumed_parse_is_the_whole_parse_or_refuses(pair):
+    last, now = pair
+    before = whole(last)
+    if before is None:  # a request that does not parse leaves nothing to resume
+        return
+    parsed = Marshalled(last).parsed(before, identify(before.format, last, before.spans), None)
+    now_copy = json.loads(json.dumps(now))  # other objects, equal values: what the next request of a proxy holds
+    resumed = resume(parsed, now_copy, Marshalled(now_copy), identify) if parsed is not None else None
+    expected = whole(now_copy)
+    if resumed is None:
+        return
+    history, keys, call_ids = resumed
+    assert expected is not None, "resumed a history the whole parse refuses"
+    assert (history.format, history.spans, tuple(history.roles)) == \
+        (expected.format, expected.spans, tuple(expected.roles))
+    assert keys == identify(expected.format, now_copy, expected.spans)
+
+
+def test_a_grown_history_resumes_and_a_changed_one_does_not():
+    messages = synthetic_history(40, seed=3)
+    first = parse_history(messages[:60])
+    parsed = Marshalled(messages[:60]).parsed(first, identify("openai", messages, first.spans), None)
+    grown = json.loads(json.dumps(messages))
+    assert resume(parsed, grown, Marshalled(grown), identify) is not None
+    grown[10]["content"] += "!"
+    assert resume(parsed, grown, Marshalled(grown), identify) is None
+    assert resume(parsed, messages[:50], Marshalled(messages[:50]), identify) is None  # shorter than the last
+
+
+@pytest.mark.parametrize("make", [synthetic_history, synthetic_anthropic_history, synthetic_responses_input])
+def test_gem_forwards_the_same_whether_it_resumes_or_not(make):
+    """Every request of a growing session, compressed by a GEM that resumes (a session id) and one that parses
+    whole (its own store, no resumable state): the same forwarded messages and stats."""
+    messages = make(90, seed=5)
+    resuming, whole_parse = (GEM("paper", encoder=HashEncoder(64), token_counter=None) for _ in range(2))
+    for end in range(40, len(messages) + 1, 7):
+        request = json.loads(json.dumps(messages[:end]))
+        got = resuming.compress(request, session_id="s")
+        for state in whole_parse.store._items.values():  # forget the parse: only the selection state stays
+            object.__setattr__(state[1], "parsed", None)
+        want = whole_parse.compress(json.loads(json.dumps(messages[:end])), session_id="s")
+        assert got.messages == want.messages
+        assert (got.stats.action, got.stats.removed_blocks, got.stats.chars_after) == \
+            (want.stats.action, want.stats.removed_blocks, want.stats.chars_after)
+    assert resuming.store.get("s").parsed is not None
+
+
+def test_values_that_do_not_marshal_parse_whole():
+    class Text(str):
+        pass
+
+    messages = synthetic_history(30, seed=1)
+    messages[5] = {**messages[5], "content": Text("a str subclass")}
+    gem = GEM("paper", encoder=HashEncoder(64), token_counter=None)
+    first = gem.compress(messages, session_id="s")
+    assert first.stats.action == "reselected" and gem.store.get("s").parsed is None
+    assert gem.compress(messages, session_id="s").messages == first.messages
+
+
+def test_added_items_that_make_it_a_responses_input_parse_whole():
+    """A chat history whose added messages carry a Responses item type (a call that also has a role) is a
+    Responses input as a whole: the added part alone would parse as chat."""
+    messages = synthetic_history(20, seed=2)
+    first = parse_history(messages)
+    parsed = Marshalled(messages).parsed(first, identify("openai", messages, first.spans), None)
+    now = messages + [{"type": "function_call", "role": "assistant", "call_id": "z", "name": "f", "arguments": "{}"},
+                      {"type": "function_call_output", "role": "user", "call_id": "z", "output": "ok"}]
+    assert parse_history(now).format == "responses"
+    assert resume(parsed, now, Marshalled(now), identify) is None
