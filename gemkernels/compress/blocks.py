@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from itertools import chain, compress, repeat
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import chain, compress, repeat
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:

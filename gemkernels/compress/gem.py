@@ -28,7 +28,7 @@ from gemkernels.compress.identity import local_digest, responses_said, said, sta
 from gemkernels.compress.policy import budget_reason, ceiling_drops, could_repay, repay_reason, reselection_reason
 from gemkernels.compress.references import EMPTY, Lexicon, block_lexicon
 from gemkernels.compress.representation import block_text
-from gemkernels.compress.resume import Marshalled, resume
+from gemkernels.compress.resume import Marshalled, RawMessages, resume
 from gemkernels.compress.router import Router, call_signature, load_router, request_features
 from gemkernels.compress.router.features import superseded
 from gemkernels.compress.router.ranking import retrieval_scores, router_order
@@ -165,7 +165,8 @@ class GEM:
 
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None,
                  message_sizes: Sequence[int] | None = None, tenant: str | None = None,
-                 save: bool = True) -> Compressed:
+                 save: bool = True, message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None,
+                 ) -> Compressed:
         """Compress one request; never raises for bad input, never mutates ``messages``.
 
         ``tenant``: whose session this is (a proxy passes a hash of the caller's credential): sessions of two
@@ -175,13 +176,19 @@ class GEM:
         client's bytes passes them), which the guard's budget and the stats' characters then count; default the
         length of each message's JSON.
 
-        ``save=False``: a dry run (what this request would be forwarded as), leaving the session as it was."""
+        ``save=False``: a dry run (what this request would be forwarded as), leaving the session as it was.
+
+        ``message_bytes``: the body the messages were read from and each message's ``[start, end)`` in it (a
+        proxy's byte scan); the next request of the session then resumes this one's parse on a digest of those
+        bytes (`gemkernels.compress.resume`) instead of marshalling the messages."""
         started = time.perf_counter()
         try:
             try:
-                return self._compress(messages, session_id, goal, started, message_sizes, tenant, save)
+                return self._compress(messages, session_id, goal, started, message_sizes, tenant, save,
+                                      message_bytes)
             except SessionConflict:  # another request of the session saved first: once more, from its state
-                return self._compress(messages, session_id, goal, started, message_sizes, tenant, save)
+                return self._compress(messages, session_id, goal, started, message_sizes, tenant, save,
+                                      message_bytes)
         except BlockStructureError as err:
             return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
         except (SessionConflict, StoreUnavailable) as err:  # a shared store's, expected: no traceback each
@@ -198,15 +205,17 @@ class GEM:
         return Compressed(messages, stats)
 
     def _compress(self, messages: Any, session_id: str | None, goal: str | None, started: float,
-                  message_sizes: Sequence[int] | None, tenant: str | None, save: bool) -> Compressed:
+                  message_sizes: Sequence[int] | None, tenant: str | None, save: bool,
+                  message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None) -> Compressed:
         cfg = self.config
-        history = keys = call_ids = marshalled = None
+        history = keys = call_ids = written = None
         if session_id is not None and isinstance(messages, (list, tuple)):  # the last request's parse may go on
-            marshalled = Marshalled(messages)
+            written = (RawMessages(*message_bytes) if message_bytes is not None
+                       and len(message_bytes[1]) == len(messages) else Marshalled(messages))
             local_get = getattr(self.store, "local_get", None)  # this process's copy (a shared store's, no round trip)
             last = local_get(session_key(session_id, tenant)) if local_get is not None else None
             if last is not None and last.parsed is not None:
-                history, keys, call_ids = resume(last.parsed, messages, marshalled, self._identities) or (None,) * 3
+                history, keys, call_ids = resume(last.parsed, messages, written, self._identities) or (None,) * 3
         if history is None:
             history = parse_history(messages, text_actions=self.text_actions)
         if message_sizes is not None and len(message_sizes) != len(history.messages):
@@ -283,7 +292,7 @@ class GEM:
         out = reconstruct(history, forwarded)
         if save:  # the cache holds exactly this request's blocks when it extended the last one's
             block_cache = cache if len(cache) == n else dict(zip(keys, infos))
-            parsed = marshalled.parsed(history, keys, call_ids) if marshalled is not None else None
+            parsed = written.parsed(history, keys, call_ids) if written is not None else None
             self.store.put(store_key, SessionState(
                 keys, frozenset(map(keys.__getitem__, forwarded)), goal_key, selected_at, block_cache,
                 columns.nbytes + (parsed.held_bytes if parsed is not None else 0), columns, parsed))

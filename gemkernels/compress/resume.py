@@ -1,12 +1,13 @@
 """Parsing only what a request adds (DESIGN.md §2.1): a history whose first messages are the last request's,
 unchanged, keeps that request's blocks, roles and block identities, and only the messages after them are parsed.
 
-"Unchanged" is checked on values, not objects: the SHA-256 of the messages' ``marshal`` bytes (format 2: values
-only, no object references, so neither who built the objects nor how often they are referenced matters), which
-costs a fraction of one ``json.dumps`` of the request. Resuming is refused, and the whole history parsed, wherever
-a whole parse could decide otherwise: a message that does not marshal, a changed or shorter prefix, a format the
-added messages would change, a block that would span the boundary (a Responses reasoning item left open, a call id
-the prefix used), and text-action histories (whose profile is chosen over the whole history).
+"Unchanged" is checked on values, not objects: the SHA-256 of the bytes the messages are written in, either the
+request body's own (a proxy's) or their ``marshal`` bytes (format 2: values only, no object references, so neither
+who built the objects nor how often they are referenced matters; a fraction of one ``json.dumps`` of the request).
+Resuming is refused, and the whole history parsed, wherever a whole parse could decide otherwise: messages that do
+not marshal, a changed or shorter prefix, a format the added messages would change, a block that would span the
+boundary (a Responses reasoning item left open, a call id the prefix used), and text-action histories (whose
+profile is chosen over the whole history).
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ LIST_HEADER = 5
 @dataclass(frozen=True)
 class ParsedHistory:
     """What one request's parse leaves for the next of its session: how many messages it read, the length and
-    SHA-256 of their marshalled bytes, and what the parse found (format, blocks, roles, block identities, and
-    every call id the messages use)."""
+    SHA-256 of the bytes they were written in (`MessageBytes`), and what the parse found (format, blocks, roles,
+    block identities, and every call id the messages use)."""
 
     count: int
     nbytes: int
@@ -63,34 +64,30 @@ class ParsedHistory:
         return 200 * len(self.spans) + 16 * len(self.roles) + 60 * len(self.call_ids)
 
 
-class Marshalled:
-    """A request's messages as marshal bytes, and digests of their leading bytes (``data`` None when some value
-    does not marshal: then nothing resumes)."""
+class MessageBytes:
+    """The bytes a request's messages are written in, and digests of their leading bytes; `view` is None when
+    there are none to read (then nothing resumes). Two writings: `Marshalled`, and `RawMessages` (a body's)."""
 
-    def __init__(self, messages: Sequence[Any]):
-        self.messages = messages
+    def __init__(self) -> None:
         self.hashed: tuple[int, Any] = (0, hashlib.sha256())  # the digest so far: of the first n bytes
 
     @cached_property
-    def data(self) -> bytes | None:
-        messages = self.messages
-        try:
-            return marshal.dumps(messages if type(messages) in (list, tuple) else list(messages), MARSHAL_VERSION)
-        except (ValueError, TypeError):  # an object marshal does not know, or nested deeper than it goes
-            return None
+    def view(self) -> memoryview | None:
+        raise NotImplementedError
 
     def digest(self, nbytes: int) -> bytes:
-        """The SHA-256 of the messages' first ``nbytes`` bytes (continuing from the last digest when it is shorter)."""
+        """The SHA-256 of the first ``nbytes`` bytes (continuing from the last digest when it is shorter)."""
         done, hasher = self.hashed if self.hashed[0] <= nbytes else (0, hashlib.sha256())
         hasher = hasher.copy()
-        hasher.update(memoryview(self.data)[LIST_HEADER + done:LIST_HEADER + nbytes])
+        hasher.update(self.view[done:nbytes])
         self.hashed = (nbytes, hasher)
         return hasher.digest()
 
-    def parsed(self, history: History, keys: tuple[Hashable, ...], call_ids: frozenset[str] | None) -> ParsedHistory | None:
+    def parsed(self, history: History, keys: tuple[Hashable, ...],
+               call_ids: frozenset[str] | None) -> ParsedHistory | None:
         """What ``history`` (these messages parsed, ``keys`` its block identities, ``call_ids`` every call id its
         messages use: None to read them) leaves for the next request; None where the next parses whole."""
-        if self.data is None or history.format == TEXT_ACTIONS:
+        if self.view is None or history.format == TEXT_ACTIONS:
             return None
         messages = history.messages
         last = messages[-1] if messages else None
@@ -98,8 +95,40 @@ class Marshalled:
         roles = history.roles if type(history.roles) is tuple else tuple(history.roles or ())
         if call_ids is None:
             call_ids = used_call_ids(history.format, messages, history.spans)
-        return ParsedHistory(len(messages), len(self.data) - LIST_HEADER, self.digest(len(self.data) - LIST_HEADER),
-                             history.format, history.spans, roles, keys, call_ids, open_end)
+        return ParsedHistory(len(messages), len(self.view), self.digest(len(self.view)), history.format,
+                             history.spans, roles, keys, call_ids, open_end)
+
+
+class Marshalled(MessageBytes):
+    """The messages marshalled (format 2), after the list's header: equal values, equal bytes, whoever built them."""
+
+    def __init__(self, messages: Sequence[Any]):
+        super().__init__()
+        self.messages = messages
+
+    @cached_property
+    def view(self) -> memoryview | None:
+        messages = self.messages
+        try:
+            data = marshal.dumps(messages if type(messages) in (list, tuple) else list(messages), MARSHAL_VERSION)
+        except (ValueError, TypeError):  # an object marshal does not know, or nested deeper than it goes
+            return None
+        return memoryview(data)[LIST_HEADER:]
+
+
+class RawMessages(MessageBytes):
+    """The messages as a request body writes them: ``body[start of the first : end of the last]`` (``elements``:
+    each message's ``[start, end)`` in ``body``, a proxy's byte scan); equal bytes parse to equal values."""
+
+    def __init__(self, body: bytes, elements: Sequence[tuple[int, int]]):
+        super().__init__()
+        self.body, self.elements = body, elements
+
+    @cached_property
+    def view(self) -> memoryview | None:
+        if not self.elements:
+            return None
+        return memoryview(self.body)[self.elements[0][0]:self.elements[-1][1]]
 
 
 def used_call_ids(format: str, messages: Sequence[Any], spans: Sequence[Span]) -> frozenset[str]:
@@ -112,15 +141,15 @@ def used_call_ids(format: str, messages: Sequence[Any], spans: Sequence[Span]) -
     return frozenset(ids)
 
 
-def resume(last: ParsedHistory, messages: Sequence[Any], marshalled: Marshalled,
+def resume(last: ParsedHistory, messages: Sequence[Any], written: MessageBytes,
            identify: Callable[[str, Sequence[Any], Sequence[Span]], tuple[Hashable, ...]],
            ) -> tuple[History, tuple[Hashable, ...], frozenset[str]] | None:
     """``messages`` parsed from where ``last`` ended, exactly as a whole parse would give them, with its block
     identities (``identify`` computes those of the added blocks) and every call id it uses; None where a whole
     parse is needed."""
     m = last.count
-    if (marshalled.data is None or m == 0 or len(messages) < m or last.open_end
-            or len(marshalled.data) < LIST_HEADER + last.nbytes or marshalled.digest(last.nbytes) != last.digest):
+    if (written.view is None or m == 0 or len(messages) < m or last.open_end
+            or len(written.view) < last.nbytes or written.digest(last.nbytes) != last.digest):
         return None
     tail = list(messages[m:])
     try:

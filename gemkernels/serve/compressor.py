@@ -84,9 +84,11 @@ class Compressor:
 
     async def compress(self, route: str, messages: Any, session_id: str | None, goal: str | None = None,
                        message_sizes: Sequence[int] | None = None, tenant: str | None = None,
-                       wait_for_encoding: bool = False, save: bool = True) -> Compressed | None:
+                       wait_for_encoding: bool = False, save: bool = True,
+                       message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None) -> Compressed | None:
         """`GEM.compress` in the pool (``message_sizes``: each message's bytes in the body that will go out;
-        ``tenant``: whose sessions these are; ``wait_for_encoding``: no encoding budget; ``save=False``: a dry run);
+        ``tenant``: whose sessions these are; ``wait_for_encoding``: no encoding budget; ``save=False``: a dry run;
+        ``message_bytes``: the body and each message's byte range in it, `GEM.compress`'s);
         None when the request must go out unchanged for a reason outside GEM."""
         deadline = None if wait_for_encoding or self.encode_budget is None else time.monotonic() + self.encode_budget
         if self.pending >= self.max_pending:
@@ -97,7 +99,8 @@ class Compressor:
         self.metrics.pending.inc()
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._compress, messages, session_id, goal, message_sizes, tenant, deadline, save)
+                self.executor, self._compress, messages, session_id, goal, message_sizes, tenant, deadline, save,
+                message_bytes)
         except Exception:
             logger.exception("gemkernels: compression crashed; forwarding the original request")
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
@@ -112,10 +115,10 @@ class Compressor:
 
     def _compress(self, messages: Any, session_id: str | None, goal: str | None,
                   message_sizes: Sequence[int] | None, tenant: str | None, deadline: float | None,
-                  save: bool) -> Compressed:
+                  save: bool, message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None) -> Compressed:
         with self.locks.of(messages, session_id, tenant), self.encoder.deadline(deadline):
             return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
-                                     tenant=tenant, save=save)
+                                     tenant=tenant, save=save, message_bytes=message_bytes)
 
     def close(self) -> None:
         """Finish queued compressions, then stop the batchers."""

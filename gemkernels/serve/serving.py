@@ -210,8 +210,9 @@ class Proxy:
         history = body[api.history]
         sizes = None if layout is None else element_sizes(layout)  # the layout parse_body gave this history
         session, tenant = session_of(request.headers, body), tenant_of(request.headers)
+        written = None if layout is None else (text, layout.elements)  # the next request resumes on these bytes
         result = await self.compressor.compress(api.path, history, session, message_sizes=sizes, tenant=tenant,
-                                                save=save)
+                                                save=save, message_bytes=written)
         removed = [] if result is None else removed_positions(history, result.messages)
         moved = {}
         if api.upstream == ANTHROPIC_UPSTREAM and removed:  # a removed message's cache breakpoint moves to a kept one

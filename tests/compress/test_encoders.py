@@ -29,6 +29,27 @@ class CountingEncoder:
         return HashEncoder(4).encode(texts)
 
 
+def test_hash_encoder_sums_each_feature_into_its_signed_bucket():
+    """Against the definition read literally: every word and word pair, blake2b-8 little-endian, bucket = digest
+    mod dim, sign = its top bit, rows normalised as float32 (the encoder caches digests and sums with one bincount)."""
+    import hashlib
+
+    rng = np.random.default_rng(7)
+    vocabulary = ["w" + str(i) for i in range(40)] + ["Foo", "_x1", "42", "!", "é", "a-b"]
+    texts = [" ".join(rng.choice(vocabulary, size=int(rng.integers(0, 30)))) for _ in range(25)] + ["", "  "]
+    for dim in (1, 7, 384):
+        want = np.zeros((len(texts), dim))
+        for row, text in enumerate(texts):
+            words = HashEncoder._words.findall(text.lower())
+            for feature in words + [a + " " + b for a, b in zip(words, words[1:])]:
+                digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
+                want[row, digest % dim] += 1.0 if digest >> 63 else -1.0
+            if not want[row].any():
+                want[row, 0] = 1.0
+        want /= np.linalg.norm(want, axis=1, keepdims=True)
+        np.testing.assert_allclose(HashEncoder(dim).encode(texts), want.astype(np.float32), rtol=0, atol=0)
+
+
 def test_cache_encodes_each_text_once_and_evicts_oldest():
     inner = CountingEncoder()
     enc = CachedEncoder(inner, max_entries=2)

@@ -178,3 +178,41 @@ def test_added_items_that_make_it_a_responses_input_parse_whole():
                       {"type": "function_call_output", "role": "user", "call_id": "z", "output": "ok"}]
     assert parse_history(now).format == "responses"
     assert resume(parsed, now, Marshalled(now), identify) is None
+
+
+def body_of(messages, separator=", "):
+    """A request body as a client writes it, and each message's ``[start, end)`` in its bytes."""
+    head, elements, parts = b'{"model": "m", "messages": [', [], []
+    at = len(head)
+    for i, message in enumerate(messages):
+        text = json.dumps(message, ensure_ascii=False).encode()
+        elements.append((at, at + len(text)))
+        parts.append(text)
+        at += len(text) + len(separator.encode())
+    return head + separator.encode().join(parts) + b"]}", elements
+
+
+def test_a_proxy_resumes_on_the_body_bytes_and_refuses_a_rewritten_message():
+    messages = synthetic_anthropic_history(40, seed=4)
+    gem = GEM("paper", encoder=HashEncoder(64), token_counter=None)
+    first = messages[:51]
+    gem.compress(json.loads(json.dumps(first)), session_id="s", message_bytes=body_of(first))
+    assert gem.store.get("s").parsed.nbytes == body_of(first)[1][-1][1] - body_of(first)[1][0][0]
+    calls = []
+    import gemkernels.compress.gem as gem_module
+
+    real = gem_module.parse_history
+    gem_module.parse_history = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        grown = json.loads(json.dumps(messages))
+        got = gem.compress(grown, session_id="s", message_bytes=body_of(messages))
+        assert calls == []  # resumed: the whole history was not parsed
+        respaced = json.loads(json.dumps(messages))  # equal values, other bytes (another separator): parsed whole
+        again = gem.compress(respaced, session_id="s", message_bytes=body_of(messages, separator=",\n"))
+        assert calls == [1]
+    finally:
+        gem_module.parse_history = real
+    fresh = GEM("paper", encoder=HashEncoder(64), token_counter=None)
+    fresh.compress(json.loads(json.dumps(first)), session_id="s")
+    want = fresh.compress(json.loads(json.dumps(messages)), session_id="s")
+    assert got.messages == want.messages and again.messages == want.messages

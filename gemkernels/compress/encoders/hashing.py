@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -26,9 +27,18 @@ class HashEncoder:
         out = np.zeros((len(texts), self.dim), dtype=np.float64)
         for row, text in enumerate(texts):
             words = self._words.findall(text.lower())
-            for feature in words + [a + " " + b for a, b in zip(words, words[1:])]:
-                digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
-                out[row, digest % self.dim] += 1.0 if digest >> 63 else -1.0
+            features = words + [a + " " + b for a, b in zip(words, words[1:])]
+            if features:
+                digests = np.fromiter(map(feature_digest, features), dtype=np.uint64, count=len(features))
+                signs = np.where(digests >> np.uint64(63), 1.0, -1.0)
+                out[row] = np.bincount((digests % np.uint64(self.dim)).astype(np.intp), weights=signs,
+                                       minlength=self.dim)
             if not out[row].any():
                 out[row, 0] = 1.0
         return normalise_rows(out)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def feature_digest(feature: str) -> int:
+    """A word's or word pair's 64-bit hash (the same in every process; a history repeats its words, so cached)."""
+    return int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
