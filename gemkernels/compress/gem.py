@@ -215,7 +215,8 @@ class GEM:
             local_get = getattr(self.store, "local_get", None)  # this process's copy (a shared store's, no round trip)
             last = local_get(session_key(session_id, tenant)) if local_get is not None else None
             if last is not None and last.parsed is not None:
-                history, keys, call_ids = resume(last.parsed, messages, written, self._identities) or (None,) * 3
+                history, keys, call_ids = (resume(last.parsed, messages, written, self._identities, self.text_actions)
+                                           or (None,) * 3)
         if history is None:
             history = parse_history(messages, text_actions=self.text_actions)
         if message_sizes is not None and len(message_sizes) != len(history.messages):

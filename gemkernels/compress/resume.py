@@ -6,8 +6,8 @@ request body's own (a proxy's) or their ``marshal`` bytes (format 2: values only
 who built the objects nor how often they are referenced matters; a fraction of one ``json.dumps`` of the request).
 Resuming is refused, and the whole history parsed, wherever a whole parse could decide otherwise: messages that do
 not marshal, a changed or shorter prefix, a format the added messages would change, a block that would span the
-boundary (a Responses reasoning item left open, a call id the prefix used), and text-action histories (whose
-profile is chosen over the whole history).
+boundary (a Responses reasoning item left open, a call id the prefix used); a text-action scan goes on where the
+last one stopped (its last message may pair with the first added one).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from gemkernels.compress.blocks import (
     parts,
 )
 from gemkernels.compress.responses_items import is_responses_input, responses_spans
+from gemkernels.compress.text_actions import PROFILES, TextActionProfile, text_action_spans, text_scan_end
 
 #: marshal's format without object references: equal values, equal bytes.
 MARSHAL_VERSION = 2
@@ -87,7 +88,7 @@ class MessageBytes:
                call_ids: frozenset[str] | None) -> ParsedHistory | None:
         """What ``history`` (these messages parsed, ``keys`` its block identities, ``call_ids`` every call id its
         messages use: None to read them) leaves for the next request; None where the next parses whole."""
-        if self.view is None or history.format == TEXT_ACTIONS:
+        if self.view is None:
             return None
         messages = history.messages
         last = messages[-1] if messages else None
@@ -143,10 +144,11 @@ def used_call_ids(format: str, messages: Sequence[Any], spans: Sequence[Span]) -
 
 def resume(last: ParsedHistory, messages: Sequence[Any], written: MessageBytes,
            identify: Callable[[str, Sequence[Any], Sequence[Span]], tuple[Hashable, ...]],
+           text_actions: Sequence[TextActionProfile] | None = None,
            ) -> tuple[History, tuple[Hashable, ...], frozenset[str]] | None:
-    """``messages`` parsed from where ``last`` ended, exactly as a whole parse would give them, with its block
-    identities (``identify`` computes those of the added blocks) and every call id it uses; None where a whole
-    parse is needed."""
+    """``messages`` parsed from where ``last`` ended, exactly as a whole parse (`parse_history` with
+    ``text_actions``) would give them, with its block identities (``identify`` computes those of the added blocks)
+    and every call id it uses; None where a whole parse is needed."""
     m = last.count
     if (written.view is None or m == 0 or len(messages) < m or last.open_end
             or len(written.view) < last.nbytes or written.digest(last.nbytes) != last.digest):
@@ -168,6 +170,12 @@ def resume(last: ParsedHistory, messages: Sequence[Any], written: MessageBytes,
                 added = openai_spans(tail, roles)
             elif last.format == ANTHROPIC:
                 added = anthropic_spans(tail)
+            elif last.format == TEXT_ACTIONS:  # still no tool calls anywhere
+                if detect_format(tail) != OPENAI or openai_spans(tail, roles):
+                    return None
+                profiles = tuple(PROFILES.values()) if text_actions is None else text_actions
+                added = text_action_spans(messages, profiles, text_scan_end(m, last.spans), len(last.spans))
+                return finished(last, messages, added, roles, identify, frozenset())
             else:
                 return None
     except BlockStructureError:  # the whole parse says where
@@ -176,5 +184,12 @@ def resume(last: ParsedHistory, messages: Sequence[Any], written: MessageBytes,
     ids = used_call_ids(last.format, tail, added)
     if not last.call_ids.isdisjoint(ids):  # a call id of the prefix used again: the whole parse refuses it
         return None
+    return finished(last, messages, added, roles, identify, ids)
+
+
+def finished(last: ParsedHistory, messages: Sequence[Any], added: Sequence[Span], roles: Sequence[Any],
+             identify: Callable[[str, Sequence[Any], Sequence[Span]], tuple[Hashable, ...]],
+             ids: frozenset[str]) -> tuple[History, tuple[Hashable, ...], frozenset[str]]:
+    """The resumed history: the last request's blocks, roles, identities and call ids, and the added ones."""
     history = History(messages, last.format, last.spans + tuple(added), last.roles + tuple(roles))
     return history, last.keys + identify(last.format, messages, added), last.call_ids | ids

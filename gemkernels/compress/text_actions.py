@@ -133,19 +133,28 @@ def text_action_profiles(choice: str = AUTO, action_regex: str = "", observation
     return tuple(pattern[0] if name == PATTERN else PROFILES[name] for name in names)
 
 
-def text_action_spans(messages: Sequence[dict[str, Any]], profiles: Sequence[TextActionProfile]) -> list[TextSpan]:
-    """The text-action blocks of ``messages``, in order: adjacent pairs that one profile recognises (first match)."""
+def text_action_spans(messages: Sequence[dict[str, Any]], profiles: Sequence[TextActionProfile], start: int = 0,
+                      ordinal: int = 0) -> list[TextSpan]:
+    """The text-action blocks of ``messages``, in order: adjacent pairs that one profile recognises (first match);
+    the scan starts at ``start`` with the block numbered ``ordinal`` (a resumed parse goes on where the last request's
+    stopped: `text_scan_end`)."""
     first_user = next((i for i, m in enumerate(messages) if m.get("role") == USER), None)
     spans: list[TextSpan] = []
-    i = 0
+    i = start
     while i + 1 < len(messages):
         profile = None if first_user in (i, i + 1) else pair_profile(messages, i, profiles)
         if profile is None:
             i += 1
             continue
-        spans.append(TextSpan((i, i + 1), (f"text:{len(spans)}",), profile))
+        spans.append(TextSpan((i, i + 1), (f"text:{ordinal + len(spans)}",), profile))
         i += 2
     return spans
+
+
+def text_scan_end(count: int, spans: Sequence[Span]) -> int:
+    """Where `text_action_spans` stopped on ``count`` messages that gave ``spans``: after the last message, or at it
+    when no block holds it (it may pair with the next request's first message)."""
+    return count if spans and spans[-1].positions[-1] == count - 1 else count - 1
 
 
 def pair_profile(messages: Sequence[dict[str, Any]], i: int, profiles: Sequence[TextActionProfile]

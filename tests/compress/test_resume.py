@@ -17,6 +17,7 @@ from gemkernels.testing.histories import synthetic_anthropic_history, synthetic_
 pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from test_text_action_properties import histories as text_histories  # noqa: E402
 
 IDS = st.sampled_from(["call_0", "call_1", "call_2", "a", "b", "c"])  # few, the base's among them: ids are reused
 
@@ -216,3 +217,49 @@ def test_a_proxy_resumes_on_the_body_bytes_and_refuses_a_rewritten_message():
     fresh.compress(json.loads(json.dumps(first)), session_id="s")
     want = fresh.compress(json.loads(json.dumps(messages)), session_id="s")
     assert got.messages == want.messages and again.messages == want.messages
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_text_action_scan_goes_on_where_the_last_stopped(data):
+    """mini-swe-agent and Aider turns (observations, rejections, human turns, malformed ones, out of order): from
+    every earlier request of the history, the resumed parse is the whole parse, and it does resume."""
+    messages = data.draw(text_histories(alternating=data.draw(st.booleans())))
+    expected = whole(messages)
+    resumed_any = False
+    for end in range(2, len(messages)):
+        before = whole(messages[:end])
+        if before is None:
+            continue
+        parsed = Marshalled(messages[:end]).parsed(before, identify(before.format, messages, before.spans), None)
+        now = json.loads(json.dumps(messages))
+        resumed = resume(parsed, now, Marshalled(now), identify)
+        if resumed is None:
+            continue
+        resumed_any |= before.format == "text-actions"
+        history, keys, _ = resumed
+        assert expected is not None
+        assert (history.format, history.spans, keys) == \
+            (expected.format, expected.spans, identify(expected.format, now, expected.spans))
+    first_block = expected.spans[0].positions[0] if expected is not None and expected.spans else len(messages)
+    if expected is not None and expected.format == "text-actions" and first_block < len(messages) - 3:
+        assert resumed_any
+
+
+def test_tool_calls_added_to_a_text_action_history_parse_whole():
+    """A text-action history is one without tool calls: added calls make the whole an OpenAI history."""
+    messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"}]
+    for i in range(6):
+        messages += [{"role": "assistant", "content": f"THOUGHT: go.\n\n```bash\nls {i}\n```"},
+                     {"role": "user", "content": f"<returncode>0</returncode>\n<output>\nls {i}: ok\n</output>"}]
+    first = parse_history(messages)
+    assert first.format == "text-actions"
+    parsed = Marshalled(messages).parsed(first, identify(first.format, messages, first.spans), None)
+    now = messages + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "t", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "t", "content": "ok"}]
+    assert parse_history(now).format == "openai"
+    assert resume(parsed, now, Marshalled(now), identify) is None
+    grown = messages + messages[-2:]
+    history, _, _ = resume(parsed, grown, Marshalled(grown), identify)
+    assert history.spans == parse_history(grown).spans
