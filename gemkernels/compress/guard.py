@@ -14,7 +14,10 @@ def guarded_removals(sizes: Sequence[int], removable: Sequence[int], total: int,
     if not 0 <= delta <= 1:
         raise ValueError(f"delta must lie in [0, 1], got {delta}")
     candidates = np.asarray(removable, dtype=np.int64)
-    by_size = np.asarray(sizes, dtype=np.int64)[candidates]
+    all_sizes = np.asarray(sizes)
+    if all_sizes.dtype.kind not in "iu" or not isinstance(total, int):  # fractional or huge sizes: as defined
+        return one_at_a_time(sizes, candidates.tolist(), total, delta)
+    by_size = all_sizes.astype(np.int64)[candidates]
     order = np.lexsort((candidates, -by_size))  # largest first, ties earliest
     candidates, descending = candidates[order], by_size[order]
     ascending_negated = -descending
@@ -28,3 +31,13 @@ def guarded_removals(sizes: Sequence[int], removable: Sequence[int], total: int,
         dropped.append(int(candidates[at]))
         budget -= int(descending[at])
         at += 1
+
+
+def one_at_a_time(sizes: Sequence[float], removable: Sequence[int], total: float, delta: float) -> list[int]:
+    """`guarded_removals` trying every candidate in turn (sizes that are not integers)."""
+    kept, floor, dropped = total, (1.0 - delta) * total, []
+    for block in sorted(removable, key=lambda b: (-sizes[b], b)):
+        if kept - sizes[block] >= floor:
+            kept -= sizes[block]
+            dropped.append(block)
+    return sorted(dropped)

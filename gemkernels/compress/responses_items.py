@@ -33,7 +33,7 @@ def is_responses_input(items: Sequence[Any]) -> bool:
     try:
         return not RESPONSES_TYPES.isdisjoint(kinds)
     except TypeError:  # an unhashable "type" (a client's list): it names no Responses type
-        return any(isinstance(kind, str) and kind in RESPONSES_TYPES for kind in kinds)
+        return any(type(kind) is str and kind in RESPONSES_TYPES for kind in kinds)
 
 
 def responses_spans(items: Sequence[dict[str, Any]]) -> list[Span]:
@@ -47,7 +47,7 @@ def responses_spans(items: Sequence[dict[str, Any]]) -> list[Span]:
     in_run = False  # the previous item was a call: a further call joins its block
     for i, item in enumerate(items):
         kind = item.get("type")
-        if not isinstance(kind, str):  # not a type this parser knows (and maybe unhashable): never removed
+        if type(kind) is not str:  # not a type this parser knows (and maybe unhashable): never removed
             kind = None
         call_id = item.get("call_id")
         if kind in CALL_OUTPUTS:

@@ -152,6 +152,13 @@ def test_an_unhashable_type_field_is_forwarded_not_raised(where):
                {"type": "function_call_output", "call_id": f"c{i}", "output": "ok"} for i in range(20) for j in (0, 1))]
     assert make_gem().compress(items).stats.action == "reselected"
 
+    class Unhashable(str):
+        __eq__ = str.__eq__
+        __hash__ = None
+
+    items[0] = {**items[0], "type": Unhashable("message")}  # a str subclass that cannot be hashed: no type either
+    assert make_gem().compress(items).stats.action == "reselected"
+
 
 @pytest.mark.parametrize("not_a_history", [None, "hello", {"role": "user"}, [1, 2], [{"content": "no role"}]])
 def test_non_lists_pass_through(not_a_history):

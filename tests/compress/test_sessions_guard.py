@@ -344,3 +344,9 @@ def test_the_guard_decides_as_one_candidate_at_a_time_would(sizes, data, delta, 
     removable = data.draw(st.lists(st.sampled_from(range(len(sizes))), unique=True))
     total = sum(sizes) + extra
     assert guarded_removals(sizes, removable, total, delta) == one_by_one(sizes, removable, total, delta)
+
+
+def test_fractional_sizes_are_compared_exactly():
+    """Sizes that are not integers are not truncated: 10.6 + 10.6 would leave 78.8 of 100 under a floor of 80."""
+    assert guarded_removals([10.6, 10.6, 5.0], [0, 1, 2], 100, 0.2) == [0, 2]
+    assert guarded_removals([2**64, 1, 1], [0, 1, 2], 2**65, 0.5) == [0]  # beyond int64: no overflow
