@@ -55,8 +55,10 @@ def unit_gram_tile(x_ptr, start, rows, n, d, stride_x, BLOCK_M: tl.constexpr, BL
     Each entry is scaled by one symmetric factor s_i s_j, as `pivot.gram_row_chunk` scales: (acc s_i) s_j and
     (acc s_j) s_i can differ by an ulp, which would make G asymmetric. The diagonal is read along both axes (one
     entry of a row, or of a column, added to zeros: the same value), so s_i is the same bits as a row and as a
-    column."""
+    column. The dots are averaged with their transpose ((a + b) / 2 is the same bits either way round): a matrix
+    unit need not sum x_i . x_j and x_j . x_i in one order (the interpreter's BLAS on some CPUs does not)."""
     acc = tile_dots(x_ptr, start, rows, rows, n, d, stride_x, BLOCK_M, BLOCK_K, EVEN_K, INPUT_PRECISION)
+    acc = (acc + tl.trans(acc)) * 0.5
     diagonal = tl.where(rows[:, None] == rows[None, :], acc, 0.0)
     scale_r, bad = inverse_norms(tl.sum(diagonal, axis=1), rows < n)
     scale_c, _ = inverse_norms(tl.sum(diagonal, axis=0), rows < n)
