@@ -15,7 +15,8 @@ def guarded_removals(sizes: Sequence[int], removable: Sequence[int], total: int,
         raise ValueError(f"delta must lie in [0, 1], got {delta}")
     candidates = np.asarray(removable, dtype=np.int64)
     all_sizes = np.asarray(sizes)
-    if all_sizes.dtype.kind not in "iu" or not isinstance(total, int):  # fractional or huge sizes: as defined
+    if all_sizes.dtype.kind != "i" or not isinstance(total, int) or abs(total) >= 2**53:  # as defined, one at a time
+        # (fractional sizes, sizes past int64: numpy made them uint64 or objects, totals a float floor cannot hold)
         return one_at_a_time(sizes, candidates.tolist(), total, delta)
     by_size = all_sizes.astype(np.int64)[candidates]
     order = np.lexsort((candidates, -by_size))  # largest first, ties earliest

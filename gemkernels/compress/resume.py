@@ -37,7 +37,10 @@ from gemkernels.compress.blocks import (
 from gemkernels.compress.responses_items import is_responses_input, responses_spans
 from gemkernels.compress.text_actions import PROFILES, TextActionProfile, text_action_spans, text_scan_end
 
-#: marshal's format without object references: equal values, equal bytes.
+#: The roles a kept parse may hold (a request with any other, a Responses item's arbitrary value, parses whole).
+KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function", None})
+#: marshal's format without object references: equal values, equal bytes (bytes-like values of any buffer type
+#: marshal alike, which JSON never gives).
 MARSHAL_VERSION = 2
 #: A marshalled list starts with its type byte and a 32-bit length; the messages' bytes follow.
 LIST_HEADER = 5
@@ -61,8 +64,9 @@ class ParsedHistory:
 
     @property
     def held_bytes(self) -> int:
-        """About what keeping it costs: its spans, roles, keys and call ids as Python objects."""
-        return 200 * len(self.spans) + 16 * len(self.roles) + 60 * len(self.call_ids)
+        """About what keeping it costs: its spans, roles and keys as Python objects, and its call ids' texts (the
+        spans hold the same strings; roles are the few `KNOWN_ROLES`)."""
+        return 200 * len(self.spans) + 16 * len(self.roles) + 60 * len(self.call_ids) + sum(map(len, self.call_ids))
 
 
 class MessageBytes:
@@ -89,6 +93,11 @@ class MessageBytes:
         """What ``history`` (these messages parsed, ``keys`` its block identities, ``call_ids`` every call id its
         messages use: None to read them) leaves for the next request; None where the next parses whole."""
         if self.view is None:
+            return None
+        try:
+            if not KNOWN_ROLES.issuperset(history.roles or ()):
+                return None
+        except TypeError:  # an unhashable role
             return None
         messages = history.messages
         last = messages[-1] if messages else None
@@ -127,7 +136,7 @@ class RawMessages(MessageBytes):
 
     @cached_property
     def view(self) -> memoryview | None:
-        if not self.elements:
+        if not self.elements or not isinstance(self.body, (bytes, bytearray)):
             return None
         return memoryview(self.body)[self.elements[0][0]:self.elements[-1][1]]
 

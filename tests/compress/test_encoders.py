@@ -37,12 +37,14 @@ def test_hash_encoder_sums_each_feature_into_its_signed_bucket():
     rng = np.random.default_rng(7)
     vocabulary = ["w" + str(i) for i in range(40)] + ["Foo", "_x1", "42", "!", "é", "a-b"]
     texts = [" ".join(rng.choice(vocabulary, size=int(rng.integers(0, 30)))) for _ in range(25)] + ["", "  "]
+    texts.append("a lone \ud800 surrogate")  # what a proxy decodes from a "\ud800" escape (it raised)
     for dim in (1, 7, 384):
         want = np.zeros((len(texts), dim))
         for row, text in enumerate(texts):
             words = HashEncoder._words.findall(text.lower())
             for feature in words + [a + " " + b for a, b in zip(words, words[1:])]:
-                digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
+                digest = int.from_bytes(hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8)
+                                        .digest(), "little")
                 want[row, digest % dim] += 1.0 if digest >> 63 else -1.0
             if not want[row].any():
                 want[row, 0] = 1.0

@@ -263,3 +263,20 @@ def test_tool_calls_added_to_a_text_action_history_parse_whole():
     grown = messages + messages[-2:]
     history, _, _ = resume(parsed, grown, Marshalled(grown), identify)
     assert history.spans == parse_history(grown).spans
+
+
+def test_a_parse_with_unknown_roles_or_a_text_body_is_not_kept():
+    """What a kept parse holds is bounded: roles are the known few (a Responses item's role can be any value,
+    a megabyte string included), call ids are counted by their length; a body that is not bytes is not read."""
+    items = synthetic_responses_input(20, seed=1)
+    gem = GEM("paper", encoder=HashEncoder(64), token_counter=None)
+    gem.compress(items, session_id="s")
+    kept = gem.store.get("s").parsed
+    assert kept is not None and kept.held_bytes >= sum(map(len, kept.call_ids))
+    items[0] = {**items[0], "role": "r" * 100_000}
+    gem.compress(items, session_id="t")
+    assert gem.store.get("t").parsed is None
+    messages = synthetic_history(30, seed=1)
+    body, elements = body_of(messages)
+    result = gem.compress(messages, session_id="u", message_bytes=(body.decode(), elements))
+    assert result.stats.action == "reselected" and gem.store.get("u").parsed is None

@@ -350,3 +350,4 @@ def test_fractional_sizes_are_compared_exactly():
     """Sizes that are not integers are not truncated: 10.6 + 10.6 would leave 78.8 of 100 under a floor of 80."""
     assert guarded_removals([10.6, 10.6, 5.0], [0, 1, 2], 100, 0.2) == [0, 2]
     assert guarded_removals([2**64, 1, 1], [0, 1, 2], 2**65, 0.5) == [0]  # beyond int64: no overflow
+    assert guarded_removals([2**63, 2**63], [0, 1], 2**65, 0.25) == [0]  # numpy reads these as uint64

@@ -41,4 +41,4 @@ class HashEncoder:
 @functools.lru_cache(maxsize=1 << 16)
 def feature_digest(feature: str) -> int:
     """A word's or word pair's 64-bit hash (the same in every process; a history repeats its words, so cached)."""
-    return int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
