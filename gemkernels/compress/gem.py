@@ -26,7 +26,7 @@ from gemkernels.compress.evidence import BlockFeatures, block_features, evidence
 from gemkernels.compress.guard import guarded_removals
 from gemkernels.compress.identity import local_digest, responses_said, said, stable_digest
 from gemkernels.compress.policy import budget_reason, ceiling_drops, could_repay, repay_reason, reselection_reason
-from gemkernels.compress.references import EMPTY, Lexicon, block_lexicon
+from gemkernels.compress.references import EMPTY, HeldIndex, Lexicon, block_lexicon
 from gemkernels.compress.representation import block_text
 from gemkernels.compress.resume import Marshalled, RawMessages, resume
 from gemkernels.compress.router import Router, call_signature, load_router, request_features
@@ -77,23 +77,27 @@ class BlockColumns:
     chars: tuple[int, ...]
     features: tuple[BlockFeatures, ...]
     lexicons: tuple[Lexicon, ...]
-    nbytes: int  # the infos' and the embedding matrix's
+    held: HeldIndex  # the lexicons' held tokens, sorted (the router's live references)
+    nbytes: int  # the infos', the embedding matrix's and the index's
 
     @classmethod
-    def of(cls, infos: Sequence[BlockInfo]) -> BlockColumns:
+    def of(cls, infos: Sequence[BlockInfo], prior: BlockColumns | None = None) -> BlockColumns:
+        """The columns of ``infos``, after those of ``prior`` if given."""
+        lexicons = tuple(info.lexicon for info in infos)
+        held = HeldIndex.of(lexicons) if prior is None else prior.held.extended(lexicons)
         embeddings = np.stack([info.embedding for info in infos])
-        return cls(tuple(infos), embeddings, tuple(map(block_tokens, infos)), tuple(info.chars for info in infos),
-                   tuple(info.features for info in infos), tuple(info.lexicon for info in infos),
-                   sum(info.nbytes for info in infos) + embeddings.nbytes)
+        sizes, chars = tuple(map(block_tokens, infos)), tuple(info.chars for info in infos)
+        features = tuple(info.features for info in infos)
+        nbytes = sum(info.nbytes for info in infos) + embeddings.nbytes + held.nbytes
+        if prior is None:
+            return cls(tuple(infos), embeddings, sizes, chars, features, lexicons, held, nbytes)
+        return cls(prior.infos + tuple(infos), np.concatenate([prior.embeddings, embeddings]), prior.sizes + sizes,
+                   prior.chars + chars, prior.features + features, prior.lexicons + lexicons, held,
+                   nbytes + prior.nbytes - prior.held.nbytes)
 
     def extended(self, infos: Sequence[BlockInfo]) -> BlockColumns:
         """These columns followed by those of ``infos``."""
-        if not infos:
-            return self
-        new = BlockColumns.of(infos)
-        return BlockColumns(self.infos + new.infos, np.concatenate([self.embeddings, new.embeddings]),
-                            self.sizes + new.sizes, self.chars + new.chars, self.features + new.features,
-                            self.lexicons + new.lexicons, self.nbytes + new.nbytes)
+        return BlockColumns.of(infos, prior=self) if infos else self
 
 
 @dataclass
@@ -274,13 +278,13 @@ class GEM:
         select_started = time.perf_counter()
         rewrite: tuple[set[int], list[int], float] | None = None
         if reason is None and cfg.repay_factor is not None and could_repay(appended, seeds, sizes, cfg):
-            rewrite = self._rewrite(block_chars, embeddings, seeds, sizes, chars_before, infos, task_embedding)
+            rewrite = self._rewrite(columns, block_chars, seeds, chars_before, task_embedding)
             reason = repay_reason(appended, rewrite[0], sizes, cfg)
         core: list[int] = []
         coverage = None
         if reason is not None:
-            forwarded, core, coverage = rewrite or self._rewrite(block_chars, embeddings, seeds, sizes, chars_before,
-                                                                 infos, task_embedding)
+            forwarded, core, coverage = rewrite or self._rewrite(columns, block_chars, seeds, chars_before,
+                                                                 task_embedding)
             action, selected_at = RESELECTED, n
         else:
             forwarded, action = appended, APPENDED
@@ -367,22 +371,22 @@ class GEM:
         note = f"; {len(dropped)} more blocks dropped to fit max_forward_tokens {ceiling}"
         return forwarded - set(dropped), reason + note
 
-    def _rewrite(self, block_chars: Sequence[int], embeddings: np.ndarray, seeds: list[int], sizes: Sequence[int],
-                 total_chars: int, infos: Sequence[BlockInfo],
+    def _rewrite(self, columns: BlockColumns, block_chars: Sequence[int], seeds: list[int], total_chars: int,
                  task_embedding: np.ndarray | None) -> tuple[set[int], list[int], float | None]:
         """A global selection: (blocks to forward, selected core, its coverage; None unless geometry ranks). The
         core is the protected seeds, then the blocks in ranking order (residual completion, router or retrieval score),
         up to ``k`` blocks or, with ``keep_recent_size``, while its tokens fit those of the newest ``k`` blocks;
         the forwarding guard then drops blocks outside it, larger first."""
-        cfg, n = self.config, len(sizes)
+        cfg, embeddings, sizes = self.config, columns.embeddings, columns.sizes
+        n, signatures = len(sizes), [info.signature for info in columns.infos]
         eligible = None
         if cfg.drop_superseded:
-            eligible = ~superseded([info.signature for info in infos])
+            eligible = ~superseded(signatures)
         if cfg.ranking != "geometry":
             if cfg.ranking == "router":
                 scores = load_router(cfg.router).scores(request_features(
-                    [info.lexicon for info in infos], [info.signature for info in infos],
-                    [info.features for info in infos], [info.chars for info in infos], embeddings, task_embedding))
+                    columns.lexicons, signatures, columns.features, columns.chars, embeddings, task_embedding,
+                    columns.held))
             else:
                 scores = retrieval_scores(embeddings)
             order = router_order(scores, sizes, seeds, eligible, cfg.size_power if cfg.keep_recent_size else 0.0)

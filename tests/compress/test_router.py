@@ -21,7 +21,8 @@ from gemkernels.compress.encoders import CachedEncoder, HashEncoder  # noqa: E40
 from gemkernels.compress.evidence import block_features  # noqa: E402
 from gemkernels.compress.evidence.rules import reference_blocks  # noqa: E402
 from gemkernels.compress.gem import warn_encoder_mismatch  # noqa: E402
-from gemkernels.compress.references import Lexicon, block_lexicon, hashed, held_tokens, references  # noqa: E402
+from gemkernels.compress.references import (  # noqa: E402
+    HeldIndex, Lexicon, block_lexicon, hashed, held_tokens, references)
 from gemkernels.compress.representation import block_text  # noqa: E402
 from gemkernels.compress.router import FEATURES, Router, call_signature, default_router, request_features  # noqa: E402
 from gemkernels.compress.router.features import live_references, rank_signals, superseded  # noqa: E402
@@ -98,6 +99,59 @@ def test_live_references_count_the_last_actions_that_name_a_block_and_their_spec
     assert live[:, 1].tolist() == [0, 0, 0, 0, 0]  # the latest action (block 4) names none of them
     parse_tokens_share = 1 / 2
     assert live[0, 2] > live[1, 2] >= parse_tokens_share - 1e-12  # block 0 also holds the path, named once
+
+
+def live_references_by_isin(lexicons: list[Lexicon], window: int) -> np.ndarray:
+    """`live_references` as first written: ``np.isin`` over all blocks' held tokens, in block order."""
+    n = len(lexicons)
+    out = np.zeros((n, 3))
+    if n < 2:
+        return out
+    owners = np.repeat(np.arange(n), [len(lex.holds) for lex in lexicons])
+    held = np.concatenate([lex.holds for lex in lexicons])
+    for j in range(max(0, n - window), n):
+        hit = np.isin(held, lexicons[j].names) & (owners != j)
+        blocks, tokens = owners[hit], held[hit]
+        if not blocks.size:
+            continue
+        _, inverse, holders = np.unique(tokens, return_inverse=True, return_counts=True)
+        np.add.at(out[:, 2], blocks, 1.0 / holders[inverse])
+        named = np.unique(blocks)
+        out[named, 0] += 1
+        if j == n - 1:
+            out[named, 1] = 1
+    return out
+
+
+token_sets = st.lists(st.integers(-3, 12), max_size=8).map(lambda xs: np.unique(np.asarray(xs, dtype=np.int64)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(token_sets, token_sets), max_size=12), st.integers(0, 12), st.integers(1, 5))
+def test_live_references_from_a_grown_held_index_equal_the_isin_definition_bit_for_bit(pairs, split, window):
+    """Small token alphabets, so that many blocks hold the same tokens; the index grown in two steps (a session's)
+    and built at once give the same bits as the definition."""
+    lexs = [Lexicon(holds, names) for holds, names in pairs]
+    split = min(split, len(lexs))
+    grown = HeldIndex.of(lexs[:split]).extended(lexs[split:])
+    whole = HeldIndex.of(lexs)
+    assert grown.blocks == whole.blocks == len(lexs)
+    assert grown.values.tolist() == whole.values.tolist() and grown.owners.tolist() == whole.owners.tolist()
+    expected = live_references_by_isin(lexs, window)
+    assert live_references(lexs, window, held=grown).tobytes() == expected.tobytes()
+    assert live_references(lexs, window).tobytes() == expected.tobytes()
+
+
+def test_a_held_index_of_other_blocks_is_refused():
+    lexs = lexicons([bash("cat a/b.py", "x"), bash("ls", "a/b.py")])
+    with pytest.raises(ValueError, match="held index has 1 blocks"):
+        live_references(lexs, held=HeldIndex.of(lexs[:1]))
+
+
+@given(st.sets(st.text(max_size=6), max_size=40))
+def test_hashed_is_the_sorted_unique_hashes(tokens):
+    assert hashed(tokens).tolist() == sorted({hash(t) for t in tokens})
+    assert hashed(tokens).dtype == np.int64
 
 
 def test_a_block_is_not_its_own_live_reference():

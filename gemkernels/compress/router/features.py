@@ -16,7 +16,7 @@ import numpy as np
 
 from gemkernels.compress.blocks import Block
 from gemkernels.compress.evidence import BlockFeatures
-from gemkernels.compress.references import Lexicon
+from gemkernels.compress.references import HeldIndex, Lexicon
 
 AGE_BINS = (1, 2, 3, 4, 6, 9, 13, 21, 41)  # ages 0, 1, 2, 3, 4-5, 6-8, 9-12, 13-20, 21-40, 41+
 LIVE_WINDOW = 3
@@ -40,22 +40,25 @@ def superseded(signatures: Sequence[int]) -> np.ndarray:
     return (keys != 0) & ~latest
 
 
-def live_references(lexicons: Sequence[Lexicon], window: int = LIVE_WINDOW) -> np.ndarray:
+def live_references(lexicons: Sequence[Lexicon], window: int = LIVE_WINDOW,
+                    held: HeldIndex | None = None) -> np.ndarray:
     """(n, 3): per block, how many of the last ``window`` actions name something it holds, whether the latest one
     does, and the specificity of those names (each name counts 1 / the number of blocks that hold it); a block
-    is not its own reference."""
+    is not its own reference. ``held``: the lexicons' `HeldIndex`, if kept (a session's), else built here."""
     n = len(lexicons)
     out = np.zeros((n, 3))
     if n < 2:
         return out
-    owners = np.repeat(np.arange(n), [len(lex.holds) for lex in lexicons])
-    held = np.concatenate([lex.holds for lex in lexicons])
+    held = HeldIndex.of(lexicons) if held is None else held
+    if held.blocks != n:
+        raise ValueError(f"the held index has {held.blocks} blocks, the request {n}")
     for j in range(max(0, n - window), n):
         names = lexicons[j].names
         if not names.size:
             continue
-        hit = np.isin(held, names) & (owners != j)
-        blocks, tokens = owners[hit], held[hit]
+        blocks, tokens = held.holders(names)
+        other = blocks != j
+        blocks, tokens = blocks[other], tokens[other]
         if not blocks.size:
             continue
         _, inverse, holders = np.unique(tokens, return_inverse=True, return_counts=True)
@@ -88,10 +91,12 @@ def call_signature(block: Block) -> int:
 
 
 def request_features(lexicons: Sequence[Lexicon], signatures: Sequence[int], features: Sequence[BlockFeatures],
-                     chars: Sequence[int], embeddings: np.ndarray, task: np.ndarray | None) -> np.ndarray:
+                     chars: Sequence[int], embeddings: np.ndarray, task: np.ndarray | None,
+                     held: HeldIndex | None = None) -> np.ndarray:
     """The (n, len(`FEATURES`)) signals of a request's n blocks, oldest first, from each block's `Lexicon`,
     `call_signature`, evidence features and serialised characters (`gem.serialised_chars` summed over its
-    messages), the unit block ``embeddings`` (n, d) and the task's unit embedding (None without a task)."""
+    messages), the unit block ``embeddings`` (n, d) and the task's unit embedding (None without a task);
+    ``held``, the lexicons' `HeldIndex` where the caller keeps one."""
     n = len(lexicons)
     flags = [(f.is_error, f.is_edit, f.is_source) for f in features]
     age = np.arange(n - 1, -1, -1)
@@ -100,7 +105,7 @@ def request_features(lexicons: Sequence[Lexicon], signatures: Sequence[int], fea
     latest = x @ x[-1]
     recent = (x @ x[-LIVE_WINDOW:].T).max(axis=1)
     to_task = x @ np.asarray(task, dtype=np.float64) if task is not None else np.zeros(n)
-    live = live_references(lexicons)
+    live = live_references(lexicons, held=held)
     live[:, 2] = np.log1p(live[:, 2])
     return np.column_stack([
         bins, np.log1p(np.asarray(chars, dtype=np.float64)), np.asarray(flags, dtype=np.float64),
