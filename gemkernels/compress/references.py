@@ -75,6 +75,17 @@ def argument_strings(arguments: str) -> list[str]:
     return out
 
 
+def split_paths(text: str) -> tuple[list[str], str]:
+    """The paths in ``text`` and the text with each replaced by a space (``PATH.sub(" ", text)``), in one scan."""
+    paths, pieces, at = [], [], 0
+    for match in PATH.finditer(text):
+        paths.append(match.group(0))
+        pieces.append(text[at:match.start()])
+        at = match.end()
+    pieces.append(text[at:])
+    return paths, " ".join(pieces)
+
+
 def references(text: str) -> References:
     """The reference tokens of an action's argument text.
 
@@ -85,13 +96,13 @@ def references(text: str) -> References:
     and numbers of >= 3 digits, count as whole words; they are read from the text outside paths.
     """
     strings = {match.group(1) or match.group(2) for match in QUOTED.finditer(text)}
-    for match in PATH.finditer(text):
-        parts = [p for p in match.group(0).split("/") if p not in ("", ".", "..")]
+    paths, rest = split_paths(text)
+    for path in paths:
+        parts = [p for p in path.split("/") if p not in ("", ".", "..")]
         tail = "/".join(parts[-2:])
         if len(parts) > 1 or tail.lower() not in COMMON_FILES:
             strings.add(tail)
-    rest = PATH.sub(" ", text)
-    words = {w for w in IDENTIFIER.findall(rest) if w.lower() not in COMMON} | set(NUMBER.findall(rest))
+    words = {w for w in set(IDENTIFIER.findall(rest)) if w.lower() not in COMMON} | set(NUMBER.findall(rest))
     return References(frozenset(words), frozenset(strings))
 
 
@@ -176,11 +187,11 @@ def held_tokens(text: str) -> set[str]:
     """The tokens a reference can match in ``text``: identifiers and numbers (as `references` reads them), each
     path's last component and last two, and quoted literals."""
     tokens = {match.group(1) or match.group(2) for match in QUOTED.finditer(text)}
-    for match in PATH.finditer(text):
-        parts = [p for p in match.group(0).split("/") if p not in ("", ".", "..")]
+    paths, rest = split_paths(text)
+    for path in paths:
+        parts = [p for p in path.split("/") if p not in ("", ".", "..")]
         tokens.update(("/".join(parts[-2:]), parts[-1]) if parts else ())
-    rest = PATH.sub(" ", text)
-    tokens.update(w for w in IDENTIFIER.findall(rest) if w.lower() not in COMMON)
+    tokens.update(w for w in set(IDENTIFIER.findall(rest)) if w.lower() not in COMMON)
     tokens.update(NUMBER.findall(rest))
     return tokens
 

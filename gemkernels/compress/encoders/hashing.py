@@ -27,7 +27,7 @@ class HashEncoder:
         out = np.zeros((len(texts), self.dim), dtype=np.float64)
         for row, text in enumerate(texts):
             words = self._words.findall(text.lower())
-            features = words + [a + " " + b for a, b in zip(words, words[1:])]
+            features = words + list(map(" ".join, zip(words, words[1:])))
             if features:
                 digests = np.fromiter(map(feature_digest, features), dtype=np.uint64, count=len(features))
                 signs = np.where(digests >> np.uint64(63), 1.0, -1.0)
