@@ -19,19 +19,24 @@ def guarded_removals(sizes: Sequence[int], removable: Sequence[int], total: int,
         # (fractional sizes, sizes past int64: numpy made them uint64 or objects, totals a float floor cannot hold)
         return one_at_a_time(sizes, candidates.tolist(), total, delta)
     by_size = all_sizes.astype(np.int64)[candidates]
+    if len(by_size) and (by_size.min() < 0 or int(by_size.max()) * len(by_size) >= 2**62):  # runs sum without overflow
+        return one_at_a_time(sizes, candidates.tolist(), total, delta)
     order = np.lexsort((candidates, -by_size))  # largest first, ties earliest
     candidates, descending = candidates[order], by_size[order]
     ascending_negated = -descending
+    reach = np.concatenate(([0], np.cumsum(descending)))  # reach[i]: the sizes of the candidates before i
     budget = total - math.ceil((1.0 - delta) * total)  # a block fits while kept - size >= that floor (integers)
-    dropped = []
+    runs = []
     at = 0
-    while True:  # the next candidate that fits: the sizes descend, so those that fit are a suffix of the rest
+    while True:  # the next candidate that fits (the sizes descend: those that fit are a suffix of the rest), then
+        # the run after it that fits in turn (the candidates up to the last whose running sum is within the budget)
         at = max(at, int(np.searchsorted(ascending_negated, -budget, side="left")))
         if at >= len(descending):
-            return sorted(dropped)
-        dropped.append(int(candidates[at]))
-        budget -= int(descending[at])
-        at += 1
+            return sorted(int(b) for run in runs for b in run)
+        end = int(np.searchsorted(reach, reach[at] + budget, side="right")) - 1
+        runs.append(candidates[at:end])
+        budget -= int(reach[end] - reach[at])
+        at = end
 
 
 def one_at_a_time(sizes: Sequence[float], removable: Sequence[int], total: float, delta: float) -> list[int]:

@@ -327,14 +327,22 @@ def test_the_session_store_is_bounded_in_bytes_as_well_as_in_count():
 
 
 @settings(max_examples=300, deadline=None)
-@given(sizes=st.lists(st.integers(0, 10**7), min_size=1, max_size=60), data=st.data(),
+@given(sizes=st.lists(st.integers(0, 10**7) | st.integers(0, 30), min_size=1, max_size=60), data=st.data(),
        delta=st.floats(0, 1) | st.sampled_from([0.0, 0.05, 0.25, 0.5, 1.0]), extra=st.integers(0, 10**6))
 def test_the_guard_decides_as_one_candidate_at_a_time_would(sizes, data, delta, extra):
-    """The guard skips to the next candidate that fits (a search over the sorted sizes), exactly as trying each
-    (`one_at_a_time`, the definition read literally, which the hand-worked cases above pin)."""
+    """The guard skips to the next candidate that fits (a search over the sorted sizes) and takes the run after it
+    that fits in turn (a search over their running sums), exactly as trying each (`one_at_a_time`, the definition
+    read literally, which the hand-worked cases above pin); small sizes make long runs and many ties."""
     removable = data.draw(st.lists(st.sampled_from(range(len(sizes))), unique=True))
     total = sum(sizes) + extra
     assert guarded_removals(sizes, removable, total, delta) == one_at_a_time(sizes, removable, total, delta)
+
+
+def test_negative_or_huge_integer_sizes_are_tried_one_at_a_time():
+    """Running sums need sizes that do not shrink them and cannot overflow int64: else the definition decides."""
+    for sizes, total in (([5, -3, 4, 2], 20), ([2**61, 2**61, 1], 2**52), ([2**40] * 5000, 2**52)):
+        removable = list(range(len(sizes)))
+        assert guarded_removals(sizes, removable, total, 0.5) == one_at_a_time(sizes, removable, total, 0.5)
 
 
 def test_fractional_sizes_are_compared_exactly():
