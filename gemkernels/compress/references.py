@@ -22,6 +22,7 @@ from gemkernels.compress.blocks import Block
 EXTENSIONS = ("py|pyi|pyx|ipynb|c|h|cc|cpp|hpp|go|rs|java|kt|js|jsx|ts|tsx|rb|php|sh|json|yaml|yml|toml|cfg|ini|"
               "txt|md|rst|html|css|xml|csv|log|sql|lock|patch|diff")
 PATH = re.compile(rf"(?<![\w.:/-])(?:\.{{0,2}}/)?(?:[\w.-]+/)+[\w.-]*\w|(?<![\w./-])[\w-]+\.(?:{EXTENSIONS})\b")
+PATH_RUN = re.compile(r"(?<![\w./-])[\w-]*[./]")  # a run of PATH's characters, up to its first '.' or '/'
 QUOTED = re.compile(r"'([^'\n]{3,200})'|\"((?:\\.|[^\"\\\n]){3,200})\"")
 IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
 NUMBER = re.compile(r"(?<![\w.])\d{3,}(?!\d)")
@@ -76,12 +77,18 @@ def argument_strings(arguments: str) -> list[str]:
 
 
 def split_paths(text: str) -> tuple[list[str], str]:
-    """The paths in ``text`` and the text with each replaced by a space (``PATH.sub(" ", text)``), in one scan."""
+    """The paths in ``text`` and the text with each replaced by a space (``PATH.finditer``, ``PATH.sub(" ", text)``).
+
+    A path lies in a run of word characters, dots, slashes and dashes and can start only where a run does
+    (``PATH``'s look-behinds), so ``PATH`` is tried only at the runs that hold a ``.`` or a ``/`` (`PATH_RUN`)."""
     paths, pieces, at = [], [], 0
-    for match in PATH.finditer(text):
-        paths.append(match.group(0))
-        pieces.append(text[at:match.start()])
-        at = match.end()
+    match_at = PATH.match
+    for run in PATH_RUN.finditer(text):
+        match = match_at(text, run.start())  # the look-behinds still see the character before the run
+        if match is not None:
+            paths.append(match.group(0))
+            pieces.append(text[at:match.start()])
+            at = match.end()
     pieces.append(text[at:])
     return paths, " ".join(pieces)
 

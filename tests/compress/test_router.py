@@ -22,7 +22,15 @@ from gemkernels.compress.evidence import block_features  # noqa: E402
 from gemkernels.compress.evidence.rules import reference_blocks  # noqa: E402
 from gemkernels.compress.gem import warn_encoder_mismatch  # noqa: E402
 from gemkernels.compress.references import (  # noqa: E402
-    PATH, HeldIndex, Lexicon, block_lexicon, hashed, held_tokens, references, split_paths)
+    PATH,
+    HeldIndex,
+    Lexicon,
+    block_lexicon,
+    hashed,
+    held_tokens,
+    references,
+    split_paths,
+)
 from gemkernels.compress.representation import block_text  # noqa: E402
 from gemkernels.compress.router import FEATURES, Router, call_signature, default_router, request_features  # noqa: E402
 from gemkernels.compress.router.features import live_references, rank_signals, superseded  # noqa: E402
@@ -148,9 +156,11 @@ def test_a_held_index_of_other_blocks_is_refused():
         live_references(lexs, held=HeldIndex.of(lexs[:1]))
 
 
-path_like = st.lists(st.sampled_from(list("ab_./-: \n1") + ["x.py", "src/", "../", "'q'"]), max_size=30).map("".join)
+path_like = st.lists(st.sampled_from(list("ab_./-:é \n1") + ["x.py", "src/", "../", "'q'", "http://", ".md", "-"]),
+                     max_size=30).map("".join)
 
 
+@settings(max_examples=400)
 @given(path_like)
 def test_split_paths_is_the_path_regex_s_matches_and_its_substitution(text):
     assert split_paths(text) == ([m.group(0) for m in PATH.finditer(text)], PATH.sub(" ", text))
