@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -77,27 +77,33 @@ class BlockColumns:
     chars: tuple[int, ...]
     features: tuple[BlockFeatures, ...]
     lexicons: tuple[Lexicon, ...]
-    held: HeldIndex  # the lexicons' held tokens, sorted (the router's live references)
-    nbytes: int  # the infos', the embedding matrix's and the index's
+    nbytes: int  # the infos', the embedding matrix's and the held index's
+    held: HeldIndex | None = None  # the lexicons' held tokens, sorted: kept for a router (its live references)
 
     @classmethod
-    def of(cls, infos: Sequence[BlockInfo], prior: BlockColumns | None = None) -> BlockColumns:
-        """The columns of ``infos``, after those of ``prior`` if given."""
-        lexicons = tuple(info.lexicon for info in infos)
-        held = HeldIndex.of(lexicons) if prior is None else prior.held.extended(lexicons)
+    def of(cls, infos: Sequence[BlockInfo]) -> BlockColumns:
         embeddings = np.stack([info.embedding for info in infos])
-        sizes, chars = tuple(map(block_tokens, infos)), tuple(info.chars for info in infos)
-        features = tuple(info.features for info in infos)
-        nbytes = sum(info.nbytes for info in infos) + embeddings.nbytes + held.nbytes
-        if prior is None:
-            return cls(tuple(infos), embeddings, sizes, chars, features, lexicons, held, nbytes)
-        return cls(prior.infos + tuple(infos), np.concatenate([prior.embeddings, embeddings]), prior.sizes + sizes,
-                   prior.chars + chars, prior.features + features, prior.lexicons + lexicons, held,
-                   nbytes + prior.nbytes - prior.held.nbytes)
+        return cls(tuple(infos), embeddings, tuple(map(block_tokens, infos)), tuple(info.chars for info in infos),
+                   tuple(info.features for info in infos), tuple(info.lexicon for info in infos),
+                   sum(info.nbytes for info in infos) + embeddings.nbytes)
 
     def extended(self, infos: Sequence[BlockInfo]) -> BlockColumns:
-        """These columns followed by those of ``infos``."""
-        return BlockColumns.of(infos, prior=self) if infos else self
+        """These columns followed by those of ``infos`` (the held index too, if kept)."""
+        if not infos:
+            return self
+        new = BlockColumns.of(infos)
+        held = None if self.held is None else self.held.extended(new.lexicons)
+        return BlockColumns(self.infos + new.infos, np.concatenate([self.embeddings, new.embeddings]),
+                            self.sizes + new.sizes, self.chars + new.chars, self.features + new.features,
+                            self.lexicons + new.lexicons,
+                            self.nbytes + new.nbytes + (0 if held is None else held.nbytes - self.held.nbytes), held)
+
+    def indexed(self) -> BlockColumns:
+        """These columns with their lexicons' `HeldIndex` (built here unless kept)."""
+        if self.held is not None:
+            return self
+        held = HeldIndex.of(self.lexicons)
+        return replace(self, held=held, nbytes=self.nbytes + held.nbytes)
 
 
 @dataclass
@@ -249,6 +255,8 @@ class GEM:
             start = seen if prior is not None else 0
             new_infos, encoded = self._block_infos(history, keys, cache, start)
             columns = prior.extended(new_infos) if prior is not None else BlockColumns.of(new_infos)
+            if cfg.ranking == "router":  # its live references read the held index, which the session then keeps
+                columns = columns.indexed()
             task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
         except EncodingDeferred as err:
             return self._deferred(history, keys, state, session_id, f"encoding deferred: {err}", started,

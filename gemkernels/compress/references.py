@@ -153,7 +153,7 @@ def hashed(tokens: set[str] | frozenset[str]) -> np.ndarray:
 @dataclass(frozen=True)
 class HeldIndex:
     """Every block's `Lexicon.holds` in one sorted column: ``values`` ascending and, within a value, ``owners`` (the
-    block indices) ascending; a session's grows by a merge as its blocks do, instead of a sort per request."""
+    block indices, int32) ascending; a session's grows by a merge as its blocks do, instead of a sort per request."""
 
     values: np.ndarray
     owners: np.ndarray
@@ -167,7 +167,8 @@ class HeldIndex:
     def of(cls, lexicons: Sequence[Lexicon], first: int = 0) -> HeldIndex:
         """The index of ``lexicons``, the first of them block ``first``."""
         values = np.concatenate([EMPTY, *(lex.holds for lex in lexicons)])
-        owners = np.repeat(np.arange(first, first + len(lexicons)), [len(lex.holds) for lex in lexicons])
+        blocks = np.arange(first, first + len(lexicons), dtype=np.int32)
+        owners = np.repeat(blocks, [len(lex.holds) for lex in lexicons])
         order = np.argsort(values, kind="stable")  # owners ascend already: stable keeps them so within a value
         return cls(values[order], owners[order], first + len(lexicons))
 

@@ -391,3 +391,23 @@ def test_only_a_config_that_reads_lexicons_pays_for_them():
         gem.compress(messages, session_id="s")
         infos = list(gem.store.get("s").block_cache.values())
         assert all((info.lexicon is not NO_LEXICON and info.lexicon.holds.size > 0) == reads for info in infos), config
+
+
+def test_a_router_session_keeps_the_held_index_of_its_blocks_and_a_geometry_session_keeps_none():
+    """The index grown request by request (a merge per request) is the one built from the session's lexicons; a
+    config that ranks by geometry, which never reads it, keeps none (no copy of every held token per request)."""
+    from gemkernels.testing.histories import synthetic_history
+
+    history = synthetic_history(40, seed=3)
+    for preset, indexed in (("cache-aware", True), ("paper", False)):
+        gem = GEM(preset, encoder=HashEncoder(64), token_counter=None)
+        for end in range(len(history) - 20, len(history) + 1, 2):  # a block more each request
+            gem.compress(history[:end], session_id="s")
+            columns = gem.store.get("s").columns
+            assert (columns.held is not None) == indexed, preset
+            if indexed:
+                whole = HeldIndex.of(columns.lexicons)
+                assert columns.held.blocks == len(columns.lexicons)
+                assert columns.held.values.tolist() == whole.values.tolist()
+                assert columns.held.owners.tolist() == whole.owners.tolist()
+                assert columns.nbytes == sum(i.nbytes for i in columns.infos) + columns.embeddings.nbytes + whole.nbytes
