@@ -78,7 +78,7 @@ class BlockColumns:
     features: tuple[BlockFeatures, ...]
     lexicons: tuple[Lexicon, ...]
     nbytes: int  # the infos', the embedding matrix's and the held index's
-    held: HeldIndex | None = None  # the lexicons' held tokens, sorted: kept for a router (its live references)
+    held: HeldIndex | None = None  # the held tokens of the first held.blocks lexicons, sorted (a router's, `indexed`)
 
     @classmethod
     def of(cls, infos: Sequence[BlockInfo]) -> BlockColumns:
@@ -88,22 +88,23 @@ class BlockColumns:
                    sum(info.nbytes for info in infos) + embeddings.nbytes)
 
     def extended(self, infos: Sequence[BlockInfo]) -> BlockColumns:
-        """These columns followed by those of ``infos`` (the held index too, if kept)."""
+        """These columns followed by those of ``infos`` (a held index kept as it is: `indexed` brings it up)."""
         if not infos:
             return self
         new = BlockColumns.of(infos)
-        held = None if self.held is None else self.held.extended(new.lexicons)
         return BlockColumns(self.infos + new.infos, np.concatenate([self.embeddings, new.embeddings]),
                             self.sizes + new.sizes, self.chars + new.chars, self.features + new.features,
-                            self.lexicons + new.lexicons,
-                            self.nbytes + new.nbytes + (0 if held is None else held.nbytes - self.held.nbytes), held)
+                            self.lexicons + new.lexicons, self.nbytes + new.nbytes, self.held)
 
     def indexed(self) -> BlockColumns:
-        """These columns with their lexicons' `HeldIndex` (built here unless kept)."""
-        if self.held is not None:
+        """These columns with the `HeldIndex` of all their lexicons: the kept one grown by the blocks it lacks (a
+        merge, only when a rewrite reads it), else one built here."""
+        if self.held is not None and self.held.blocks == len(self.lexicons):
             return self
-        held = HeldIndex.of(self.lexicons)
-        return replace(self, held=held, nbytes=self.nbytes + held.nbytes)
+        held = (HeldIndex.of(self.lexicons) if self.held is None
+                else self.held.extended(self.lexicons[self.held.blocks:]))
+        return replace(self, held=held, nbytes=self.nbytes + held.nbytes - (0 if self.held is None else
+                                                                             self.held.nbytes))
 
 
 @dataclass
@@ -255,8 +256,6 @@ class GEM:
             start = seen if prior is not None else 0
             new_infos, encoded = self._block_infos(history, keys, cache, start)
             columns = prior.extended(new_infos) if prior is not None else BlockColumns.of(new_infos)
-            if cfg.ranking == "router":  # its live references read the held index, which the session then keeps
-                columns = columns.indexed()
             task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
         except EncodingDeferred as err:
             return self._deferred(history, keys, state, session_id, f"encoding deferred: {err}", started,
@@ -284,15 +283,21 @@ class GEM:
             appended = before | set(range(seen, n)) | (set() if cfg.budgeted else set(seeds))
             reason = budget_reason(appended, sizes, cfg)
         select_started = time.perf_counter()
-        rewrite: tuple[set[int], list[int], float] | None = None
+
+        def rewritten() -> tuple[set[int], list[int], float | None]:
+            nonlocal columns
+            if cfg.ranking == "router":  # its live references read the held index: brought up to date, then kept
+                columns = columns.indexed()
+            return self._rewrite(columns, block_chars, seeds, chars_before, task_embedding)
+
+        rewrite: tuple[set[int], list[int], float | None] | None = None
         if reason is None and cfg.repay_factor is not None and could_repay(appended, seeds, sizes, cfg):
-            rewrite = self._rewrite(columns, block_chars, seeds, chars_before, task_embedding)
+            rewrite = rewritten()
             reason = repay_reason(appended, rewrite[0], sizes, cfg)
         core: list[int] = []
         coverage = None
         if reason is not None:
-            forwarded, core, coverage = rewrite or self._rewrite(columns, block_chars, seeds, chars_before,
-                                                                 task_embedding)
+            forwarded, core, coverage = rewrite or rewritten()
             action, selected_at = RESELECTED, n
         else:
             forwarded, action = appended, APPENDED

@@ -145,6 +145,8 @@ class Lexicon:
 def hashed(tokens: set[str] | frozenset[str]) -> np.ndarray:
     """Sorted unique int64 hashes of ``tokens`` (a sort and a neighbour test: numpy's hash-table `np.unique` costs
     twice as much at a block's few hundred tokens)."""
+    if not tokens:
+        return EMPTY
     values = np.fromiter(map(hash, tokens), dtype=np.int64, count=len(tokens))
     values.sort()
     return values[np.concatenate(([True], values[1:] != values[:-1]))] if len(values) > 1 else values

@@ -392,20 +392,35 @@ def test_only_a_config_that_reads_lexicons_pays_for_them():
 
 
 def test_a_router_session_keeps_the_held_index_of_its_blocks_and_a_geometry_session_keeps_none():
-    """The index grown request by request (a merge per request) is the one built from the session's lexicons; a
-    config that ranks by geometry, which never reads it, keeps none (no copy of every held token per request)."""
+    """The index a session keeps is the one built from its first ``held.blocks`` lexicons (grown by a merge when a
+    rewrite reads it, not on every append), and `indexed` brings it up to all of them; a config that ranks by
+    geometry, which never reads it, keeps none."""
     from gemkernels.testing.histories import synthetic_history
 
+    def same(a: HeldIndex, b: HeldIndex) -> bool:
+        return (a.blocks, a.values.tolist(), a.owners.tolist()) == (b.blocks, b.values.tolist(), b.owners.tolist())
+
     history = synthetic_history(40, seed=3)
-    for preset, indexed in (("cache-aware", True), ("paper", False)):
+    rewrites_once = with_overrides("cache-aware", ["repay_factor=None", "reselect_on_goal_change=True"])
+    lagged = 0
+    for preset, indexed in (("cache-aware", True), (rewrites_once, True), ("paper", False)):
         gem = GEM(preset, encoder=HashEncoder(64), token_counter=None)
-        for end in range(len(history) - 20, len(history) + 1, 2):  # a block more each request
-            gem.compress(history[:end], session_id="s")
+        for step, end in enumerate(range(len(history) - 20, len(history) + 1, 2)):  # a block more each request
+            gem.compress(history[:end], session_id="s", goal="fix the parser" if step < 3 else "run the tests")
             columns = gem.store.get("s").columns
+            if preset is rewrites_once and step < 3:  # no rewrite yet: nothing read the index
+                assert columns.held is None
+                continue
             assert (columns.held is not None) == indexed, preset
+            base = sum(i.nbytes for i in columns.infos) + columns.embeddings.nbytes
             if indexed:
-                whole = HeldIndex.of(columns.lexicons)
-                assert columns.held.blocks == len(columns.lexicons)
-                assert columns.held.values.tolist() == whole.values.tolist()
-                assert columns.held.owners.tolist() == whole.owners.tolist()
-                assert columns.nbytes == sum(i.nbytes for i in columns.infos) + columns.embeddings.nbytes + whole.nbytes
+                kept = columns.held
+                assert same(kept, HeldIndex.of(columns.lexicons[:kept.blocks]))
+                assert columns.nbytes == base + kept.nbytes
+                lagged += kept.blocks < len(columns.lexicons)  # appended since the rewrite: merged at the next
+                up = columns.indexed()
+                assert same(up.held, HeldIndex.of(columns.lexicons))
+                assert up.nbytes == base + up.held.nbytes
+            else:
+                assert columns.nbytes == base
+    assert lagged >= 5  # the appends after the one rewrite left the kept index behind, as meant

@@ -340,9 +340,12 @@ def test_the_guard_decides_as_one_candidate_at_a_time_would(sizes, data, delta, 
 
 def test_negative_or_huge_integer_sizes_are_tried_one_at_a_time():
     """Running sums need sizes that do not shrink them and cannot overflow int64: else the definition decides."""
-    for sizes, total in (([5, -3, 4, 2], 20), ([2**61, 2**61, 1], 2**52), ([2**40] * 5000, 2**52)):
+    overflowing = [4506402125543680327, 6, 5287632283461410170, 6737377472505923688, 4, 3, 15, 13, 4,
+                   8992849135678201599, 2577572578560057200, 12, 1, 7, 2]  # their running sums wrap int64
+    for sizes, total in (([5, -3, 4, 2], 20), ([2**61, 2**61, 1], 2**52), ([2**40] * 5000, 2**52), (overflowing, 75)):
         removable = list(range(len(sizes)))
-        assert guarded_removals(sizes, removable, total, 0.5) == one_at_a_time(sizes, removable, total, 0.5)
+        for delta in (0.3, 0.5):
+            assert guarded_removals(sizes, removable, total, delta) == one_at_a_time(sizes, removable, total, delta)
 
 
 def test_fractional_sizes_are_compared_exactly():
