@@ -101,10 +101,11 @@ class BlockColumns:
         merge, only when a rewrite reads it), else one built here."""
         if self.held is not None and self.held.blocks == len(self.lexicons):
             return self
-        held = (HeldIndex.of(self.lexicons) if self.held is None
-                else self.held.extended(self.lexicons[self.held.blocks:]))
-        return replace(self, held=held, nbytes=self.nbytes + held.nbytes - (0 if self.held is None else
-                                                                             self.held.nbytes))
+        if self.held is None:
+            held, kept_bytes = HeldIndex.of(self.lexicons), 0
+        else:
+            held, kept_bytes = self.held.extended(self.lexicons[self.held.blocks:]), self.held.nbytes
+        return replace(self, held=held, nbytes=self.nbytes - kept_bytes + held.nbytes)
 
 
 @dataclass

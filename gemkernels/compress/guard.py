@@ -32,7 +32,7 @@ def guarded_removals(sizes: Sequence[int], removable: Sequence[int], total: int,
         # the run after it that fits in turn (the candidates up to the last whose running sum is within the budget)
         at = max(at, int(np.searchsorted(ascending_negated, -budget, side="left")))
         if at >= len(descending):
-            return sorted(int(b) for run in runs for b in run)
+            return np.sort(np.concatenate([candidates[:0], *runs])).tolist()
         end = int(np.searchsorted(reach, reach[at] + budget, side="right")) - 1
         runs.append(candidates[at:end])
         budget -= int(reach[end] - reach[at])

@@ -187,9 +187,10 @@ class HeldIndex:
         lo = np.searchsorted(self.values, names, side="left")
         hi = np.searchsorted(self.values, names, side="right")
         counts = hi - lo
-        if not counts.sum():
+        total = int(counts.sum())
+        if not total:
             return EMPTY, EMPTY
-        at = np.repeat(hi - counts.cumsum(), counts) + np.arange(counts.sum())
+        at = np.repeat(hi - counts.cumsum(), counts) + np.arange(total)
         return self.owners[at], self.values[at]
 
 
