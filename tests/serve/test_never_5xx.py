@@ -125,6 +125,40 @@ def test_header_bytes_pass_both_ways_as_sent_and_nothing_is_added():
     assert dict(reply.headers.raw)[b"x-reply"] == "réponse ✓".encode()
 
 
+def test_a_cookie_the_upstream_sets_is_relayed_to_its_client_and_never_sent_on_anyones_later_request():
+    """An upstream's ``Set-Cookie`` (Cloudflare sets ``__cf_bm`` on API answers) is the client's to keep: the proxy
+    relays it and sends no ``Cookie`` the client did not (an httpx client's cookie jar replayed one tenant's
+    cookies on every later request, whoever sent it)."""
+    pytest.importorskip("uvicorn")
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from gemkernels.testing.fake_upstream import ServerThread
+
+    received: list[dict[bytes, bytes]] = []
+
+    async def chat(request):
+        received.append(dict(request.headers.raw))
+        reply = Response(b'{"ok": true}', media_type="application/json")
+        reply.set_cookie("__cf_bm", f"tenant-{len(received)}", path="/", domain=None)
+        return reply
+
+    upstream = ServerThread(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+    server = ServerThread(create_app(ServerConfig(upstream=upstream.url + "/v1", preset="core", encoder="hash")))
+    try:
+        answers = []
+        for key in ("sk-a", "sk-b", "sk-b"):
+            with httpx.Client() as client:  # a fresh client each time: it keeps no cookie either
+                answers.append(client.post(server.url + "/v1/chat/completions",
+                                           json={"model": "m", "messages": MESSAGES[:4]},
+                                           headers={"authorization": f"Bearer {key}"}))
+    finally:
+        server.stop()
+        upstream.stop()
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert [a.cookies.get("__cf_bm") for a in answers] == ["tenant-1", "tenant-2", "tenant-3"]
+    assert [b"cookie" in headers for headers in received] == [False, False, False]
 def test_a_message_longer_than_the_tokenizer_takes_is_counted_in_pieces():
     """bpe-openai refuses a text of more than 200,000 tokens; such an output disabled compression for the rest of
     the session (every request failed counting the same block)."""

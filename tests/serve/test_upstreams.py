@@ -20,15 +20,15 @@ def test_requests_spread_over_the_pools_and_a_light_load_stays_on_the_first():
         urls: list[bytes] = []
 
         def fake_send(pool: int):
-            async def send(request: httpx.Request, stream: bool = False) -> httpx.Response:
+            async def send(request: httpx.Request) -> httpx.Response:
                 used.append(pool)
                 urls.append(bytes(request.url.raw_path))
                 await release.wait()
                 return httpx.Response(200)
             return send
 
-        for pool, client in enumerate(upstreams.clients):
-            client.send = fake_send(pool)
+        for pool, transport in enumerate(upstreams.transports):
+            transport.handle_async_request = fake_send(pool)
         for _ in range(5):  # one at a time: always the first pool, whose connections are warm
             release.set()
             await upstreams.send("POST", upstreams.url("openai", "/v1/chat/completions"), "", [], b"{}")
