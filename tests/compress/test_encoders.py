@@ -4,6 +4,8 @@ import importlib.util
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gemkernels.compress.encoders import CachedEncoder, HashEncoder, make_encoder
 
@@ -29,27 +31,65 @@ class CountingEncoder:
         return HashEncoder(4).encode(texts)
 
 
-def test_hash_encoder_sums_each_feature_into_its_signed_bucket():
-    """Against the definition read literally: every word and word pair, blake2b-8 little-endian, bucket = digest
-    mod dim, sign = its top bit, rows normalised as float32 (the encoder caches digests and sums with one bincount)."""
-    import hashlib
+def hashed_row_by_definition(text: str, dim: int) -> np.ndarray:
+    """`HashEncoder`'s row read literally, in Python integers: words are runs of bytes of the lowercased UTF-8 that
+    are neither ASCII whitespace / control nor ASCII punctuation (``_`` is a word byte), each punctuation byte a word
+    of its own; a word's digest fmix64(sum of byte_i * BASE**i), a pair's fmix64(first * K + second) of its words'
+    sums, modulo 2^64; slot = (digest >> 32) * 2 dim >> 32, +1 in bucket slot // 2 when the slot is odd, else -1."""
+    import string
 
+    mask = (1 << 64) - 1
+    punctuation = {ord(c) for c in string.punctuation} - {ord("_")}
+
+    def fmix(h: int) -> int:
+        h ^= h >> 33
+        h = (h * 0xFF51AFD7ED558CCD) & mask
+        h ^= h >> 33
+        h = (h * 0xC4CEB9FE1A85EC53) & mask
+        return h ^ (h >> 33)
+
+    words, current = [], []
+    for byte in text.lower().encode("utf-8", "surrogatepass"):
+        if byte <= 32 or byte == 127 or byte in punctuation:
+            if current:
+                words.append(current)
+            current = []
+            if byte in punctuation:
+                words.append([byte])
+        else:
+            current.append(byte)
+    if current:
+        words.append(current)
+    sums = [sum(b * pow(0x100000001B3, i, 1 << 64) for i, b in enumerate(word)) & mask for word in words]
+    digests = [fmix(s) for s in sums] + [fmix((a * 0x9E3779B97F4A7C15 + b) & mask) for a, b in zip(sums, sums[1:])]
+    row = np.zeros(dim)
+    for digest in digests:
+        slot = ((digest >> 32) * 2 * dim) >> 32
+        row[slot // 2] += 1.0 if slot % 2 else -1.0
+    if not row.any():
+        row[0] = 1.0
+    return row / np.linalg.norm(row)
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.text(alphabet=st.sampled_from(list("ab_Z09 -.,\t\n\x00\x7f\u00e9\u2003") + ["\ud800", "ü"]),
+                              max_size=40), min_size=1, max_size=4),
+       dim=st.sampled_from([1, 2, 7, 64, 384]))
+def test_hash_encoder_sums_each_feature_into_its_signed_bucket(texts, dim):
+    """Against the definition read literally (the encoder works on all of a text's bytes at once in numpy); lone
+    surrogates (what a proxy decodes from a "\\ud800" escape) included."""
+    want = np.stack([hashed_row_by_definition(text, dim) for text in texts]).astype(np.float32)
+    np.testing.assert_array_equal(HashEncoder(dim).encode(texts), want)
+
+
+def test_hash_encoder_rows_of_long_texts_match_the_definition():
+    """Texts longer than the powers table the encoder starts with (it grows it) and words thousands of bytes long."""
     rng = np.random.default_rng(7)
-    vocabulary = ["w" + str(i) for i in range(40)] + ["Foo", "_x1", "42", "!", "é", "a-b"]
-    texts = [" ".join(rng.choice(vocabulary, size=int(rng.integers(0, 30)))) for _ in range(25)] + ["", "  "]
-    texts.append("a lone \ud800 surrogate")  # what a proxy decodes from a "\ud800" escape (it raised)
-    for dim in (1, 7, 384):
-        want = np.zeros((len(texts), dim))
-        for row, text in enumerate(texts):
-            words = HashEncoder._words.findall(text.lower())
-            for feature in words + [a + " " + b for a, b in zip(words, words[1:])]:
-                digest = int.from_bytes(hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8)
-                                        .digest(), "little")
-                want[row, digest % dim] += 1.0 if digest >> 63 else -1.0
-            if not want[row].any():
-                want[row, 0] = 1.0
-        want /= np.linalg.norm(want, axis=1, keepdims=True)
-        np.testing.assert_allclose(HashEncoder(dim).encode(texts), want.astype(np.float32), rtol=0, atol=0)
+    vocabulary = ["w" + str(i) for i in range(40)] + ["Foo", "_x1", "42", "!", "é", "a-b", "x" * 3000]
+    texts = [" ".join(rng.choice(vocabulary, size=int(rng.integers(0, 900)))) for _ in range(6)]
+    for dim in (7, 256):
+        want = np.stack([hashed_row_by_definition(text, dim) for text in texts]).astype(np.float32)
+        np.testing.assert_allclose(HashEncoder(dim).encode(texts), want, rtol=0, atol=0)
 
 
 def test_cache_encodes_each_text_once_and_evicts_oldest():

@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import re
+import string
 from collections.abc import Sequence
 
 import numpy as np
 
 from gemkernels.compress.encoders.base import normalise_rows
 
+#: What each byte of a text's lowercased UTF-8 is: ASCII whitespace and control bytes separate words, each ASCII
+#: punctuation byte but ``_`` is a word of its own, every other byte (letters, digits, ``_``, non-ASCII) is part
+#: of a word.
+SEPARATOR, WORD, MARK = 0, 1, 2
+BYTE_KINDS = np.full(256, WORD, dtype=np.int8)
+BYTE_KINDS[:33] = BYTE_KINDS[127] = SEPARATOR
+BYTE_KINDS[[ord(c) for c in string.punctuation if c != "_"]] = MARK
+#: A word's digest is ``fmix64(sum(byte_i * BASE**i))`` over its bytes, a word pair's
+#: ``fmix64(first * PAIR_MULTIPLIER + second)`` over its words' sums (all modulo 2^64; fmix64 is MurmurHash3's
+#: finaliser).
+BASE, PAIR_MULTIPLIER = 0x100000001B3, np.uint64(0x9E3779B97F4A7C15)
+FMIX1, FMIX2, SHIFT, HALF = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53), np.uint64(33), np.uint64(32)
+_powers = (np.ones(1, np.uint64), np.ones(1, np.uint64))  # BASE**i and BASE**-i mod 2^64, grown when needed
+
 
 class HashEncoder:
-    """Feature hashing of word unigrams and bigrams into ``dim`` signed buckets: deterministic, no dependencies."""
+    """Feature hashing of word unigrams and bigrams into ``dim`` signed buckets: deterministic, no dependencies.
 
-    _words = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|[^\sA-Za-z0-9_]")
+    Every word and word pair (`text_digests`) lands in slot ``(digest >> 32) * 2 * dim >> 32``: it adds +1 to bucket
+    ``slot // 2`` when the slot is odd, else -1; rows are normalised (a text with no word gets bucket 0)."""
 
     def __init__(self, dim: int = 256):
         if dim < 1:
@@ -25,20 +38,64 @@ class HashEncoder:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float64)
+        slots = np.uint64(2 * self.dim)
         for row, text in enumerate(texts):
-            words = self._words.findall(text.lower())
-            features = words + list(map(" ".join, zip(words, words[1:])))
-            if features:
-                digests = np.fromiter(map(feature_digest, features), dtype=np.uint64, count=len(features))
-                signs = np.where(digests >> np.uint64(63), 1.0, -1.0)
-                out[row] = np.bincount((digests % np.uint64(self.dim)).astype(np.intp), weights=signs,
-                                       minlength=self.dim)
+            digests = text_digests(text)
+            if len(digests):
+                counts = np.bincount(((digests >> HALF) * slots >> HALF).astype(np.intp), minlength=2 * self.dim)
+                out[row] = counts[1::2] - counts[::2]
             if not out[row].any():
                 out[row, 0] = 1.0
         return normalise_rows(out)
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def feature_digest(feature: str) -> int:
-    """A word's or word pair's 64-bit hash (the same in every process; a history repeats its words, so cached)."""
-    return int.from_bytes(hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+def text_digests(text: str) -> np.ndarray:
+    """The uint64 digests of the words of ``text`` (its lowercased UTF-8 cut by `BYTE_KINDS`), then of each pair of
+    neighbouring words; the same in every process."""
+    data = np.frombuffer(text.lower().encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    kinds = BYTE_KINDS[data]
+    inside = kinds != SEPARATOR
+    mark = kinds == MARK
+    in_word = kinds == WORD
+    starts = inside.copy()
+    starts[1:] &= mark[1:] | ~in_word[:-1]
+    ends = inside.copy()
+    ends[:-1] &= mark[:-1] | ~in_word[1:]
+    first, last = np.flatnonzero(starts), np.flatnonzero(ends) + 1
+    if not len(first):
+        return np.zeros(0, np.uint64)
+    powers, inverses = powers_of_base(len(data))
+    sums = np.zeros(len(data) + 1, np.uint64)
+    np.cumsum(data * powers[:len(data)], out=sums[1:])
+    features = np.empty(2 * len(first) - 1, np.uint64)
+    words = features[:len(first)]
+    np.multiply(sums[last] - sums[first], inverses[first], out=words)
+    np.multiply(words[:-1], PAIR_MULTIPLIER, out=features[len(first):])
+    features[len(first):] += words[1:]
+    return fmix64(features)
+
+
+def powers_of_base(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``BASE**i`` and ``BASE**-i`` modulo 2^64 for i < n (at least), as uint64."""
+    global _powers
+    powers, inverses = _powers
+    if len(powers) < n:
+        size = max(n, 2 * len(powers), 4096)
+        powers, inverses = np.empty(size, np.uint64), np.empty(size, np.uint64)
+        powers[0] = inverses[0] = 1
+        powers[1:] = BASE
+        inverses[1:] = pow(BASE, -1, 1 << 64)
+        np.cumprod(powers, out=powers)
+        np.cumprod(inverses, out=inverses)
+        _powers = powers, inverses
+    return powers, inverses
+
+
+def fmix64(values: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finaliser, element-wise, in place (uint64)."""
+    values ^= values >> SHIFT
+    values *= FMIX1
+    values ^= values >> SHIFT
+    values *= FMIX2
+    values ^= values >> SHIFT
+    return values
