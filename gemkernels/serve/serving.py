@@ -66,7 +66,9 @@ NOT_FORWARDED = HOP_BY_HOP | {GEM_SESSION_HEADER.encode()}
 NOT_FORWARDED_DECODED = NOT_FORWARDED | {b"content-encoding"}
 #: A relayed body goes out as it comes, so its Content-Length goes with it (httpx sends an iterator chunked otherwise).
 NOT_FORWARDED_STREAMED = NOT_FORWARDED - {b"content-length"}
-NOT_RELAYED = HOP_BY_HOP - {b"content-length"}
+#: Answer headers not relayed: hop-by-hop ones, and the upstream's Date and Server, since uvicorn writes its own
+#: (two of each otherwise; nginx's convention too).
+NOT_RELAYED = HOP_BY_HOP - {b"content-length"} | {b"date", b"server"}
 #: Request headers that carry a credential, in the order the tenant is read from.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
 #: How long ``/readyz`` waits for the upstream to answer.
@@ -75,7 +77,7 @@ READY_TIMEOUT_S = 3.0
 RELAYED = "relayed"
 #: The route label and passthrough reason of relayed WebSockets.
 WEBSOCKET = "websocket"
-#: Upstream handshake answers not relayed to the client: uvicorn writes its own Date and Server.
+#: Upstream handshake answer headers not relayed to the client (uvicorn writes its own Date and Server).
 NOT_RELAYED_HANDSHAKE = HOP_BY_HOP | {b"date", b"server"}
 
 

@@ -48,8 +48,8 @@ class Upstreams:
 
     Requests go to the pools' transports as built here, not through an ``httpx.AsyncClient``: a client would add
     its default headers and replay the cookies any upstream answer set on every later request, whoever sent it
-    (one tenant's cookies in another's requests), and its URL merging, auth, redirect and cookie bookkeeping were
-    a quarter of the forwarding's CPU."""
+    (one tenant's cookies in another's requests), and its URL merging, auth, redirect and cookie bookkeeping cost
+    an eighth of a request's send (bench/RESULTS.md)."""
 
     def __init__(self, roots: dict[str, str], timeout: float, transport: httpx.AsyncBaseTransport | None = None):
         missing = {OPENAI_UPSTREAM, ANTHROPIC_UPSTREAM} - set(roots)
