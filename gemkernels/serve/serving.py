@@ -31,7 +31,7 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -148,6 +148,14 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes | Res
         if size > limit:
             return too_large(limit)
         chunks.append(chunk)
+
+
+def passed_headers(raw: Sequence[tuple[bytes, bytes]], dropped: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
+    """``raw`` in order, bytes as sent and repeated names kept, less the ``dropped`` names and those its Connection
+    header lists (hop-by-hop by declaration, RFC 9110 §7.6.1)."""
+    listed = {name.strip().lower() for key, value in raw if key.lower() == b"connection" for name in value.split(b",")}
+    gone = dropped | listed if listed else dropped
+    return [(key, value) for key, value in raw if key.lower() not in gone]
 
 
 class BodyStalled(Exception):
@@ -299,7 +307,7 @@ class Proxy:
             dropped = NOT_FORWARDED_DECODED if decoded_body else NOT_FORWARDED
         else:
             dropped = NOT_FORWARDED_STREAMED
-        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in dropped]  # bytes as sent
+        headers = passed_headers(request.headers.raw, dropped)
         url = self.upstreams.url(kind, url_part(request.scope.get("raw_path", request.url.path.encode())))
         try:
             response = await self.upstreams.send(request.method, url, url_part(request.scope.get("query_string", b"")),
@@ -320,8 +328,7 @@ class Proxy:
             self.metrics.upstream_errors.labels(f"status_{response.status_code}").inc()
         relayed = StreamingResponse(self.answer(response), status_code=response.status_code,
                                     background=BackgroundTask(response.aclose))
-        relayed.raw_headers = [(k, v) for k, v in response.headers.raw  # bytes as sent, repeated headers kept
-                               if k.lower() not in NOT_RELAYED]
+        relayed.raw_headers = passed_headers(response.headers.raw, NOT_RELAYED)
         return relayed
 
     async def answer(self, response: httpx.Response) -> AsyncIterator[bytes]:

@@ -238,3 +238,24 @@ def test_non_ascii_bytes_in_the_path_and_query_go_out_percent_encoded():
         sent = asgi_get(client, "/v1/files/é".encode(), "q=é&r=%C3%A9".encode())
     assert sent[0]["status"] == 200
     assert received[-1].url.raw_path == b"/v1/files/%C3%A9?q=%C3%A9&r=%C3%A9"  # the same bytes, as an upstream reads
+
+
+def test_the_headers_a_connection_header_names_are_not_passed_on_either_way():
+    """A name listed in Connection is hop-by-hop by declaration (RFC 9110 §7.6.1): dropped from the request going
+    upstream and from the answer coming back; every other header passes as sent."""
+    received: list[httpx.Request] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        received.append(request)
+        return httpx.Response(200, json={"ok": True}, headers=[("Connection", "keep-alive, X-Answer-Hop"),
+                                                               ("X-Answer-Hop", "1"), ("X-Answer-Kept", "2")])
+
+    app = create_app(ServerConfig(upstream="http://upstream/v1", preset="core", encoder="hash"),
+                     transport=httpx.MockTransport(upstream))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        reply = client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES[:4]},
+                            headers={"Connection": "keep-alive, x-request-hop", "X-Request-Hop": "1",
+                                     "X-Request-Kept": "2"})
+    sent = received[-1].headers
+    assert reply.status_code == 200 and sent["x-request-kept"] == "2" and "x-request-hop" not in sent
+    assert reply.headers["x-answer-kept"] == "2" and "x-answer-hop" not in reply.headers
