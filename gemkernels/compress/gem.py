@@ -501,7 +501,7 @@ def prefix_session_id(history: History) -> str:
     """A session id for callers that give none: the hash of the prefix (system prompt and task)."""
     prefix = json.dumps([{**m, "content": without_cache_marks(m.get("content"))} if isinstance(m, dict) else m
                          for m in history.messages[:history.prefix_end]], sort_keys=True, default=str)
-    return "prefix-" + hashlib.sha256(prefix.encode()).hexdigest()[:16]
+    return "prefix-" + hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def block_tokens(info: BlockInfo) -> int:

@@ -186,6 +186,14 @@ def forwarded_body(raw: bytes, layout: ArrayLayout, original: Sequence[Any], kep
     return cut_body(raw, layout, len(original), removed_positions(original, kept), replaced)
 
 
+def json_bytes(value: Any) -> bytes:
+    """``value`` as JSON in UTF-8, or escaped to ASCII when it holds a lone surrogate (which UTF-8 cannot carry)."""
+    try:
+        return json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value).encode("ascii")
+
+
 def cut_body(raw: bytes, layout: ArrayLayout, count: int, removed: Sequence[int] | None,
              replaced: Mapping[int, bytes] | None = None) -> bytes | None:
     """``raw`` with the elements at ``removed`` cut out (and the kept ones in ``replaced`` rewritten); None when

@@ -163,7 +163,7 @@ class Observer:
         with self.lock:
             chosen = [(key, ledger.calls, ledger.compressed_calls, ledger.sent.totals(), ledger.compressed.totals())
                       for key, ledger in self.ledgers.items() if tenant is None or key[0] == tenant]
-        sessions = [{"session": hashlib.sha256(f"{t}\x1f{s}".encode()).hexdigest()[:12],
+        sessions = [{"session": hashlib.sha256(f"{t}\x1f{s}".encode("utf-8", "surrogatepass")).hexdigest()[:12],
                      **figures(calls, compressed_calls, sent, compressed, self.prices)}
                     for (t, s), calls, compressed_calls, sent, compressed in chosen]
         totals: dict[str, float | int] = {}

@@ -45,7 +45,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from gemkernels.compress.blocks import json_object
 from gemkernels.compress.gem import PASSTHROUGH
 from gemkernels.compress.sessions import GEM_SESSION_HEADER, request_session
-from gemkernels.serve.body import cut_body, element_sizes, parse_body, removed_positions
+from gemkernels.serve.body import cut_body, element_sizes, json_bytes, parse_body, removed_positions
 from gemkernels.serve.cache_marks import moved_marks
 from gemkernels.serve.compressor import Compressor
 from gemkernels.serve.config import ServerConfig
@@ -237,7 +237,7 @@ class Proxy:
             return None
         if result is None or len(result.messages) == len(history):
             return None
-        replaced = {p: json.dumps(message, ensure_ascii=False).encode() for p, message in moved.items()}
+        replaced = {p: json_bytes(message) for p, message in moved.items()}
         cut = None if layout is None else cut_body(text, layout, len(history), removed, replaced)
         if cut is None:  # the bytes do not line up with the parsed history: send what the client sent
             logger.warning("gemkernels: could not cut the removed blocks out of the body; forwarding it unchanged")

@@ -105,3 +105,23 @@ def test_static_table_keeps_the_principal_axes_after_the_dropped_ones(seed, drop
     rows_negated, scales_negated = static_table(-vectors, drop, dims, sif=1e12)
     np.testing.assert_array_equal(rows_negated, -rows)  # the sign convention does not depend on LAPACK's
     np.testing.assert_array_equal(scales_negated, scales)
+
+
+def test_a_lone_surrogate_encodes_as_the_replacement_character_it_stands_for():
+    """``tokenizers`` refuses a batch holding a lone surrogate (what a proxy decodes from a ``"\\ud800"`` escape),
+    which made every request of the session that carried such a block go out uncompressed; it is read as U+FFFD,
+    which BERT's normaliser drops, and a surrogate pair as its character."""
+    enc = make_encoder("minilm-static", cached=False)
+    got = enc.encode(["ls \ud800 src/", "ls \ufffd src/", "ls  src/", "x\ud83d\ude00y", "x😀y"])
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(got[0], got[2])
+    np.testing.assert_array_equal(got[3], got[4])
+
+
+def test_a_session_whose_block_holds_a_lone_surrogate_is_compressed_with_the_default_encoder():
+    from gemkernels import GEM
+
+    messages = json.loads(EXAMPLE.read_text())["messages"]
+    messages[5] = {**messages[5], "content": "before \ud800 after " + str(messages[5]["content"])}
+    result = GEM("paper", encoder="minilm", token_counter=None).compress(messages, session_id="s")
+    assert result.stats.action == "reselected" and result.stats.removed_blocks, result.stats.reason

@@ -68,7 +68,10 @@ def test_cut_and_rewritten_bodies_keep_every_other_byte(items, data):
                               {removed[0]: b"{}"}) is None
 
 
-def test_through_the_proxy_only_the_moved_to_message_is_rewritten():
+@pytest.mark.parametrize("surrogate", [False, True], ids=["text", "lone-surrogates"])
+def test_through_the_proxy_only_the_moved_to_message_is_rewritten(surrogate):
+    """With a lone surrogate in every text too: the rewritten message goes out as ASCII-escaped JSON (UTF-8 cannot
+    carry it; its encoding raised)."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("starlette")
     from starlette.testclient import TestClient
@@ -80,6 +83,8 @@ def test_through_the_proxy_only_the_moved_to_message_is_rewritten():
     history = synthetic_anthropic_history(60, seed=31)
     marked = 2 * 20  # an old tool result the client marked (a breakpoint it set long ago)
     history[marked]["content"][0]["cache_control"] = MARK
+    if surrogate:
+        history = [with_surrogates(message) for message in history]
     sent: list[bytes] = []
     app = create_app(ServerConfig(upstream="http://upstream", encoder="hash", preset="core", encode_budget=30.0),
                      transport=httpx.MockTransport(lambda r: sent.append(r.content) or httpx.Response(200, json={})))
@@ -101,6 +106,14 @@ def test_through_the_proxy_only_the_moved_to_message_is_rewritten():
     assert positions[target] == max(p for p in positions if p < marked)  # the nearest kept one before
     assert forwarded[target]["content"][-1]["cache_control"] == MARK
     assert sum(json.dumps(m).count("cache_control") for m in forwarded) == 1
+
+
+def with_surrogates(value):
+    """``value`` with a lone surrogate after every string under a ``text`` or ``content`` key."""
+    if isinstance(value, dict):
+        return {k: v + " \ud800" if k in ("text", "content") and isinstance(v, str) else with_surrogates(v)
+                for k, v in value.items()}
+    return [with_surrogates(v) for v in value] if isinstance(value, list) else value
 
 
 def unmarked(message: dict) -> str:

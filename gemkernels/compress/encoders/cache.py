@@ -28,7 +28,7 @@ class CachedEncoder(WrappedEncoder):
         self.hits = self.misses = 0
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        keys = [hashlib.sha256(text.encode()).digest() for text in texts]
+        keys = [hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest() for text in texts]
         todo = list(dict.fromkeys(key for key in keys if key not in self.cache))
         if todo:
             first_text = {key: text for key, text in zip(keys, texts)}
@@ -61,7 +61,7 @@ class EmbeddingCache(WrappedEncoder):
 
     @staticmethod
     def key(text: str) -> str:
-        return hashlib.sha256(text.encode()).hexdigest()
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
     def fill(self, texts: Sequence[str], progress: bool = False) -> int:
         """Encode the distinct texts not cached yet, in batches of ``shard_size``; returns how many."""

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gemkernels.compress.encoders.wordpiece import mean_of_windows, split_windows
+from gemkernels.compress.encoders.wordpiece import mean_of_windows, split_windows, tokenizable
 
 
 class MiniLMEncoder:
@@ -33,7 +33,9 @@ class MiniLMEncoder:
         self.window_tokens = window_tokens or self.model.max_seq_length - 2
 
     def windows(self, text: str) -> list[str]:
-        """Consecutive character spans of ``text`` of at most ``window_tokens`` word pieces each."""
+        """Consecutive character spans of ``text`` (its `tokenizable` form) of at most ``window_tokens`` word pieces
+        each."""
+        text = tokenizable(text)
         spans = self.model.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
                                      verbose=False)["offset_mapping"]
         return split_windows(text, spans, self.window_tokens)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from gemkernels.compress.encoders.base import normalise_rows
-from gemkernels.compress.encoders.wordpiece import load_tokenizer
+from gemkernels.compress.encoders.wordpiece import load_tokenizer, tokenizable
 
 #: The shipped table: ``embeddings.npz`` (``rows``: int8, one per vocabulary piece plus the empty text's, weights
 #: folded in; ``scales``: float32, one per row), ``tokenizer.json``, ``NOTICE`` and the licence of the weights it
@@ -36,7 +36,8 @@ class StaticEncoder:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for row, encoding in enumerate(self.tokenizer.encode_batch(list(texts), add_special_tokens=False)):
+        for row, encoding in enumerate(self.tokenizer.encode_batch(list(map(tokenizable, texts)),
+                                                                            add_special_tokens=False)):
             ids = np.unique(encoding.ids) if encoding.ids else [len(self.table) - 1]
             out[row] = self.table[ids].sum(axis=0)
         return normalise_rows(out)

