@@ -14,12 +14,13 @@ import sys
 import numpy as np
 import pytest
 from helpers import EXAMPLE, FIXTURES
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gemkernels.compress.encoders import HashEncoder, make_encoder
+from gemkernels.compress.encoders import HashEncoder, make_encoder, normalise_rows
 from gemkernels.compress.encoders.distill import static_table
 from gemkernels.compress.encoders.static import STATIC_DIR, TABLE_FILE
+from gemkernels.compress.encoders.wordpiece import tokenizable
 
 pytest.importorskip("tokenizers")
 sys.path.insert(0, str(FIXTURES))
@@ -125,3 +126,45 @@ def test_a_session_whose_block_holds_a_lone_surrogate_is_compressed_with_the_def
     messages[5] = {**messages[5], "content": "before \ud800 after " + str(messages[5]["content"])}
     result = GEM("paper", encoder="minilm", token_counter=None).compress(messages, session_id="s")
     assert result.stats.action == "reselected" and result.stats.removed_blocks, result.stats.reason
+
+
+def encoded_by_definition(encoder, texts: list[str]) -> np.ndarray:
+    """The static encoder read literally: the tokenizer over each whole text, the rows of its distinct word pieces
+    summed in id order, normalised (the encoder tokenises the texts' parts and remembers them)."""
+    rows = []
+    for encoding in encoder.tokenizer.encode_batch([tokenizable(t) for t in texts], add_special_tokens=False):
+        ids = np.unique(encoding.ids) if encoding.ids else [len(encoder.table) - 1]
+        rows.append(encoder.table[ids].sum(axis=0))
+    return normalise_rows(np.array(rows, dtype=np.float32))
+
+
+#: Characters where BERT's normaliser or pre-tokenizer could treat a cut text differently from the whole: whitespace
+#: of every kind, control and format characters it drops, combining marks (reordered, stripped), characters whose
+#: lower case is two, CJK (padded with spaces), emoji, U+FFFD, a lone surrogate, digits of other scripts, words.
+ADVERSARIAL = (list("aZ09 _-./(){}\"'\t\n\r") +
+               ["\x0b", "\x0c", "\x1c", "\x85", "\xa0", "\u2028", "\u3000", "\x00", "\x1b", "\x7f", "\u200b",
+                "\ufeff", "\u0301", "\u0316", "\u0903", "É", "ß", "İ", "Σ", "中", "😀", "\ufffd", "\ud800", "٣", "ञ",
+                "xyz", "tokenization", "Straße"])
+STATIC = make_encoder("minilm-static", cached=False)
+
+
+@settings(max_examples=200, deadline=None)
+@example(texts=["a\u200bb", "xyz\ufefftokenization", "ab\x00cd \x1b[0m", "Straße\u0301. 中文"])  # dropped inside a word
+@given(texts=st.lists(st.lists(st.sampled_from(ADVERSARIAL), max_size=60).map("".join), min_size=1, max_size=5))
+def test_encodes_as_the_tokenizer_over_each_whole_text(texts):
+    """One encoder across the examples, so parts come both newly tokenised and remembered."""
+    np.testing.assert_array_equal(STATIC.encode(texts), encoded_by_definition(STATIC, texts))
+
+
+def test_long_parts_and_a_full_memory_encode_as_the_definition(monkeypatch):
+    """Parts past `PIECE_MEMORY_CHARS` (words past the tokenizer's 100 characters are [UNK]) are tokenised every
+    time, not remembered; past `PIECE_MEMORY` parts the memory starts again. Real blocks too."""
+    from gemkernels.compress.encoders import static
+
+    monkeypatch.setattr(static, "PIECE_MEMORY", 40)
+    encoder = static.StaticEncoder()
+    texts = ["x" * 47 + " " + "y" * 49 + " " + "z" * 130 + " short words here", *example_texts()[:12]]
+    for _ in range(2):
+        np.testing.assert_array_equal(encoder.encode(texts), encoded_by_definition(encoder, texts))
+        assert len(encoder.remembered) <= 40
+        assert all(len(part) <= static.PIECE_MEMORY_CHARS for part in encoder.remembered)
