@@ -3,7 +3,9 @@ carry the requests, and the WebSockets opened to them (`Upstreams.websocket`).""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import AsyncIterable, Sequence
+from urllib.parse import urlsplit
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
@@ -44,7 +46,8 @@ class NoRedirects(connect):
 
 class Upstreams:
     """The OpenAI-format and Anthropic-format API roots (``roots``: kind -> URL) behind `UPSTREAM_POOLS` pools of
-    keep-alive connections; ``transport`` replaces the network (tests, one pool).
+    keep-alive connections (one set of pools per proxy the environment names, `environment_proxy`); ``transport``
+    replaces the network (tests, one pool, no proxy).
 
     Requests go to the pools' transports as built here, not through an ``httpx.AsyncClient``: a client would add
     its default headers and replay the cookies any upstream answer set on every later request, whoever sent it
@@ -56,13 +59,28 @@ class Upstreams:
         if missing:
             raise ValueError(f"no upstream for {sorted(missing)}")
         self.roots = roots
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        self.limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         verify = httpx.create_ssl_context()  # one CA bundle load (~30 ms) for all the pools, WebSockets too
         self.ssl, self.connect_timeout = verify, min(timeout, 10.0)
         self.timeout = httpx.Timeout(timeout, connect=self.connect_timeout).as_dict()  # a request extension
-        self.transports = [transport] if transport is not None else [
-            httpx.AsyncHTTPTransport(verify=verify, limits=limits) for _ in range(UPSTREAM_POOLS)]
-        self.awaiting = [0] * len(self.transports)
+        self.fixed = transport
+        self.proxies: dict[str, str | None] = {}  # origin -> its proxy
+        self.pools: dict[str | None, Pools] = {}  # proxy -> the pools through it
+        for root in roots.values():
+            self.pools_for(root)
+
+    def pools_for(self, url: str) -> Pools:
+        """The pools for ``url``'s origin (made on first use): through the proxy the environment names for it."""
+        parts = urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        if origin not in self.proxies:
+            self.proxies[origin] = None if self.fixed is not None else environment_proxy(url)
+        proxy = self.proxies[origin]
+        if proxy not in self.pools:
+            self.pools[proxy] = Pools([self.fixed] if self.fixed is not None else [
+                httpx.AsyncHTTPTransport(verify=self.ssl, limits=self.limits, proxy=proxy)
+                for _ in range(UPSTREAM_POOLS)])
+        return self.pools[proxy]
 
     def url(self, kind: str, path: str) -> str:
         return upstream_url(self.roots[kind], path)
@@ -75,12 +93,7 @@ class Upstreams:
         request = httpx.Request(method, url, headers=headers, content=content, extensions={"timeout": self.timeout})
         if query:
             request.url = request.url.copy_with(query=query.encode("ascii"))
-        pool = self.awaiting.index(min(self.awaiting))
-        self.awaiting[pool] += 1
-        try:
-            response = await self.transports[pool].handle_async_request(request)
-        finally:
-            self.awaiting[pool] -= 1
+        response = await self.pools_for(url).send(request)
         response.request = request
         return response
 
@@ -100,7 +113,7 @@ class Upstreams:
         """``reachable`` when the upstream answers at all (any HTTP status), else why not."""
         timeouts = httpx.Timeout(timeout).as_dict()
         try:
-            response = await self.transports[0].handle_async_request(
+            response = await self.pools_for(self.roots[kind]).send(
                 httpx.Request("HEAD", self.roots[kind], extensions={"timeout": timeouts}))
             await response.aclose()
         except httpx.HTTPError as err:
@@ -108,5 +121,34 @@ class Upstreams:
         return "reachable"
 
     async def aclose(self) -> None:
-        for transport in self.transports:
-            await transport.aclose()
+        for pools in self.pools.values():
+            for transport in pools.transports:
+                await transport.aclose()
+
+
+class Pools:
+    """Connection pools (httpx transports) a request is sent over: the one with the fewest requests awaiting an
+    answer (the first of the least busy, so a light load stays on the first pool's warm connections)."""
+
+    def __init__(self, transports: Sequence[httpx.AsyncBaseTransport]):
+        self.transports = list(transports)
+        self.awaiting = [0] * len(self.transports)
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        pool = self.awaiting.index(min(self.awaiting))
+        self.awaiting[pool] += 1
+        try:
+            return await self.transports[pool].handle_async_request(request)
+        finally:
+            self.awaiting[pool] -= 1
+
+
+def environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY`` or ``ALL_PROXY`` by its scheme,
+    less the hosts ``NO_PROXY`` lists: urllib's reading, which httpx's client followed too), else None."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(parts.netloc):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"

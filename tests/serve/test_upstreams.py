@@ -27,7 +27,8 @@ def test_requests_spread_over_the_pools_and_a_light_load_stays_on_the_first():
                 return httpx.Response(200)
             return send
 
-        for pool, transport in enumerate(upstreams.transports):
+        pools = upstreams.pools[None]
+        for pool, transport in enumerate(pools.transports):
             transport.handle_async_request = fake_send(pool)
         for _ in range(5):  # one at a time: always the first pool, whose connections are warm
             release.set()
@@ -41,7 +42,7 @@ def test_requests_spread_over_the_pools_and_a_light_load_stays_on_the_first():
         concurrent = list(used)
         release.set()
         await asyncio.gather(*burst)
-        assert upstreams.awaiting == [0] * UPSTREAM_POOLS
+        assert pools.awaiting == [0] * UPSTREAM_POOLS
         await upstreams.aclose()
         return sequential, concurrent, urls
 
@@ -50,6 +51,46 @@ def test_requests_spread_over_the_pools_and_a_light_load_stays_on_the_first():
     assert sorted(concurrent[:UPSTREAM_POOLS]) == list(range(UPSTREAM_POOLS))  # one each before any doubles up
     assert max(concurrent.count(p) for p in range(UPSTREAM_POOLS)) == 2
     assert urls[-1] == b"/v1/models?a=1&a=2&b=%20"  # the query string exactly as the client wrote it
+
+
+def test_requests_go_through_the_proxy_the_environment_names_unless_no_proxy_lists_the_host(monkeypatch):
+    """``HTTP_PROXY`` / ``NO_PROXY`` as httpx's client read them (the pools' transports read no environment)."""
+
+    async def scenario() -> tuple[list[bytes], list[bytes]]:
+        lines: dict[str, list[bytes]] = {"proxy": [], "direct": []}
+
+        def server(name: str):
+            async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines[name].append(head.split(b"\r\n", 1)[0])
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+                await writer.drain()
+                writer.close()
+            return answer
+
+        proxy = await asyncio.start_server(server("proxy"), "127.0.0.1", 0)
+        direct = await asyncio.start_server(server("direct"), "127.0.0.1", 0)
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.sockets[0].getsockname()[1]}")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        monkeypatch.delenv("http_proxy", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        upstreams = Upstreams({"openai": "http://api.example/v1",
+                               "anthropic": f"http://127.0.0.1:{direct.sockets[0].getsockname()[1]}"}, timeout=5)
+        for kind, path in (("openai", "/v1/chat/completions"), ("anthropic", "/v1/messages")):
+            response = await upstreams.send("POST", upstreams.url(kind, path), "", [], b"{}")
+            assert response.status_code == 200 and await response.aread() == b"{}"
+            await response.aclose()
+        await upstreams.aclose()
+        proxy.close()
+        direct.close()
+        return lines["proxy"], lines["direct"]
+
+    through_proxy, direct = asyncio.run(scenario())
+    assert through_proxy == [b"POST http://api.example/v1/chat/completions HTTP/1.1"]  # absolute form, via it
+    assert direct == [b"POST /v1/messages HTTP/1.1"]
 
 
 def test_upstream_urls_do_not_double_v1():
