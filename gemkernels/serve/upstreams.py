@@ -3,6 +3,7 @@ carry the requests, and the WebSockets opened to them (`Upstreams.websocket`).""
 
 from __future__ import annotations
 
+import base64
 import urllib.request
 from collections.abc import AsyncIterable, Sequence
 from urllib.parse import urlsplit
@@ -87,10 +88,14 @@ class Upstreams:
 
     async def send(self, method: str, url: str, query: str, headers: Sequence[tuple[bytes, bytes]],
                    content: bytes | AsyncIterable[bytes] | None) -> httpx.Response:
-        """The upstream's response, streaming (the caller closes it); raises httpx's errors. ``headers`` go out as
-        given, plus ``Host`` and the body's length (or chunked framing) when absent; ``query`` is the raw query
-        string (ASCII), forwarded as sent."""
+        """The upstream's response, streaming (the caller closes it); raises httpx's errors (whose ``request`` is not
+        set). ``headers`` go out as given, plus ``Host`` and the body's length (or chunked framing) when absent and
+        Basic credentials from ``url``'s ``user:password@`` when it has them and the headers no Authorization;
+        ``query`` is the raw query string (ASCII), forwarded as sent."""
         request = httpx.Request(method, url, headers=headers, content=content, extensions={"timeout": self.timeout})
+        if request.url.userinfo and "authorization" not in request.headers:  # an upstream URL's user:password
+            credentials = f"{request.url.username}:{request.url.password}".encode()
+            request.headers["Authorization"] = "Basic " + base64.b64encode(credentials).decode("ascii")
         if query:
             request.url = request.url.copy_with(query=query.encode("ascii"))
         response = await self.pools_for(url).send(request)
@@ -145,10 +150,12 @@ class Pools:
 
 def environment_proxy(url: str) -> str | None:
     """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY`` or ``ALL_PROXY`` by its scheme,
-    less the hosts ``NO_PROXY`` lists: urllib's reading, which httpx's client followed too), else None."""
+    less the hosts ``NO_PROXY`` lists, as urllib and curl read it: ``.example.com`` covers example.com too), else
+    None."""
     parts = urlsplit(url)
     proxies = urllib.request.getproxies()
     proxy = proxies.get(parts.scheme) or proxies.get("all")
-    if not proxy or urllib.request.proxy_bypass(parts.netloc):
+    host = parts.hostname or ""  # no credentials, no IPv6 brackets
+    if not proxy or urllib.request.proxy_bypass(f"{host}:{parts.port}" if parts.port else host):
         return None
     return proxy if "://" in proxy else f"http://{proxy}"

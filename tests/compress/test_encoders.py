@@ -92,6 +92,27 @@ def test_hash_encoder_rows_of_long_texts_match_the_definition():
         np.testing.assert_allclose(HashEncoder(dim).encode(texts), want, rtol=0, atol=0)
 
 
+def test_a_text_longer_than_the_kept_powers_table_encodes_by_definition_and_leaves_it_as_it_was():
+    """A goal is not cut to a block's length: a text past `MAX_KEPT_POWERS` bytes makes its own table."""
+    from gemkernels.compress.encoders import hashing
+
+    text = " ".join(f"w{i % 97}" for i in range(hashing.MAX_KEPT_POWERS // 3 + 10))  # past the bound
+    assert len(text) > hashing.MAX_KEPT_POWERS
+    np.testing.assert_array_equal(HashEncoder(64).encode([text])[0],
+                                  hashed_row_by_definition(text, 64).astype(np.float32))
+    assert len(hashing._powers[0]) <= hashing.MAX_KEPT_POWERS
+
+
+def test_caches_key_the_hash_encoders_vectors_by_its_version(tmp_path):
+    """Version 2 hashes words in numpy; a cache filled by version 1 under the same name must not be read."""
+    from gemkernels.compress.encoders.base import stored_name
+    from gemkernels.compress.encoders.cache import EmbeddingCache
+
+    assert stored_name(HashEncoder(16)) == stored_name(CachedEncoder(HashEncoder(16))) == "hash-16@2"
+    assert EmbeddingCache(HashEncoder(16), tmp_path).folder.name == "hash-16_2"
+    assert stored_name(CountingEncoder()) == "counting"
+
+
 def test_cache_encodes_each_text_once_and_evicts_oldest():
     inner = CountingEncoder()
     enc = CachedEncoder(inner, max_entries=2)

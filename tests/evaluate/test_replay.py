@@ -21,7 +21,7 @@ def test_cache_encodes_each_text_once_across_instances(tmp_path):
     inner = CountingEncoder()
     cache = EmbeddingCache(inner, tmp_path, shard_size=2)
     first = cache.encode(["a", "b", "a", "c"])
-    shards = tmp_path / "hash-32"
+    shards = cache.folder  # tmp_path / the encoder's stored name
     assert inner.seen == ["a", "b", "c"] and len(list(shards.glob("*.npz"))) == 1  # "c" waits for a full shard
     cache.encode(["d"])
     assert len(list(shards.glob("*.npz"))) == 2  # c, d

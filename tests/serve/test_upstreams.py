@@ -4,6 +4,7 @@ quadratic in its connections), a light load stays on the first pool, and URLs an
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import pytest
 
@@ -63,6 +64,7 @@ def test_requests_go_through_the_proxy_the_environment_names_unless_no_proxy_lis
             async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines[name].append(head.split(b"\r\n", 1)[0])
+                lines[name] += [line for line in head.split(b"\r\n") if line.lower().startswith(b"authorization")]
                 length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
                 await reader.readexactly(length)
@@ -77,7 +79,7 @@ def test_requests_go_through_the_proxy_the_environment_names_unless_no_proxy_lis
         monkeypatch.setenv("NO_PROXY", "127.0.0.1")
         monkeypatch.delenv("http_proxy", raising=False)
         monkeypatch.delenv("no_proxy", raising=False)
-        upstreams = Upstreams({"openai": "http://api.example/v1",
+        upstreams = Upstreams({"openai": "http://user:p%40ss@api.example/v1",
                                "anthropic": f"http://127.0.0.1:{direct.sockets[0].getsockname()[1]}"}, timeout=5)
         for kind, path in (("openai", "/v1/chat/completions"), ("anthropic", "/v1/messages")):
             response = await upstreams.send("POST", upstreams.url(kind, path), "", [], b"{}")
@@ -89,8 +91,27 @@ def test_requests_go_through_the_proxy_the_environment_names_unless_no_proxy_lis
         return lines["proxy"], lines["direct"]
 
     through_proxy, direct = asyncio.run(scenario())
-    assert through_proxy == [b"POST http://api.example/v1/chat/completions HTTP/1.1"]  # absolute form, via it
+    assert through_proxy == [b"POST http://api.example/v1/chat/completions HTTP/1.1",  # absolute form, via it
+                             b"Authorization: Basic " + base64.b64encode(b"user:p@ss")]  # the URL's, as httpx's client
     assert direct == [b"POST /v1/messages HTTP/1.1"]
+
+
+@pytest.mark.parametrize(("url", "no_proxy", "proxied"), [
+    ("https://api.example/v1", "", True),
+    ("https://api.example/v1", "api.example", False),
+    ("https://user:pw@api.example/v1", "api.example", False),  # credentials are not the host
+    ("https://[::1]:8080/v1", "::1", False),  # nor are an IPv6 address's brackets
+    ("https://sub.example.com/v1", ".example.com", False),
+    ("https://other.example/v1", "api.example", True),
+])
+def test_no_proxy_is_matched_against_the_host(monkeypatch, url, no_proxy, proxied):
+    from gemkernels.serve.upstreams import environment_proxy
+
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "proxy.local:3128")
+    monkeypatch.setenv("NO_PROXY", no_proxy)
+    assert environment_proxy(url) == ("http://proxy.local:3128" if proxied else None)
 
 
 def test_upstream_urls_do_not_double_v1():

@@ -29,6 +29,13 @@ def normalise_rows(x: np.ndarray) -> np.ndarray:
     return (x / np.where(norms == 0, 1, norms)).astype(np.float32)
 
 
+def stored_name(encoder: Encoder) -> str:
+    """The name a cache keeps ``encoder``'s vectors under: its ``name``, with its ``version`` when it has one (an
+    encoder whose vectors changed under the same name), so no vector of one version is read as another's."""
+    version = getattr(encoder, "version", None)
+    return encoder.name if version is None else f"{encoder.name}@{version}"
+
+
 class WrappedEncoder:
     """Base of the encoders that add something (a cache, batching, a record) around ``encoder``: they take its
     ``name`` and ``dim`` (read when asked, so a remote encoder probes its width only if someone needs it)."""
@@ -43,6 +50,10 @@ class WrappedEncoder:
     @property
     def dim(self) -> int:
         return self.encoder.dim
+
+    @property
+    def version(self) -> int | str | None:
+        return getattr(self.encoder, "version", None)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         return self.encoder.encode(texts)

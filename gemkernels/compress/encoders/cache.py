@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gemkernels.compress.encoders.base import Encoder, WrappedEncoder
+from gemkernels.compress.encoders.base import Encoder, WrappedEncoder, stored_name
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemkernels" / "embeddings"
 
@@ -51,7 +51,7 @@ class EmbeddingCache(WrappedEncoder):
 
     def __init__(self, encoder: Encoder, folder: str | os.PathLike[str], shard_size: int = 128):
         super().__init__(encoder)
-        self.folder = Path(folder) / re.sub(r"[^\w.-]+", "_", encoder.name)
+        self.folder = Path(folder) / re.sub(r"[^\w.-]+", "_", stored_name(encoder))
         self.shard_size = shard_size
         self.vectors: dict[str, np.ndarray] = {}
         self.unsaved: list[str] = []

@@ -22,6 +22,8 @@ BYTE_KINDS[[ord(c) for c in string.punctuation if c != "_"]] = MARK
 BASE, PAIR_MULTIPLIER = 0x100000001B3, np.uint64(0x9E3779B97F4A7C15)
 FMIX1, FMIX2, SHIFT, HALF = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53), np.uint64(33), np.uint64(32)
 _powers = (np.ones(1, np.uint64), np.ones(1, np.uint64))  # BASE**i and BASE**-i mod 2^64, grown when needed
+#: The longest `_powers` kept (2 MB); a longer text (a goal is not cut to a block's length) makes its own.
+MAX_KEPT_POWERS = 1 << 17
 
 
 class HashEncoder:
@@ -29,6 +31,8 @@ class HashEncoder:
 
     Every word and word pair (`text_digests`) lands in slot ``(digest >> 32) * 2 * dim >> 32``: it adds +1 to bucket
     ``slot // 2`` when the slot is odd, else -1; rows are normalised (a text with no word gets bucket 0)."""
+
+    version = 2  # 1: a blake2b digest per word and word pair (until 2026-12-02); caches key on it (`stored_name`)
 
     def __init__(self, dim: int = 256):
         if dim < 1:
@@ -87,7 +91,8 @@ def powers_of_base(n: int) -> tuple[np.ndarray, np.ndarray]:
         inverses[1:] = pow(BASE, -1, 1 << 64)
         np.cumprod(powers, out=powers)
         np.cumprod(inverses, out=inverses)
-        _powers = powers, inverses
+        if size <= MAX_KEPT_POWERS:
+            _powers = powers, inverses
     return powers, inverses
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import redis
 
-from gemkernels.compress.encoders.base import Encoder, WrappedEncoder
+from gemkernels.compress.encoders.base import Encoder, WrappedEncoder, stored_name
 from gemkernels.compress.redis_store import RedisConnection
 from gemkernels.compress.sessions import StoreUnavailable
 
@@ -50,9 +50,9 @@ class RedisEmbeddingCache(WrappedEncoder):
 
     @functools.cached_property
     def key_prefix(self) -> str:
-        """What every text's key hashes before the text: the encoder's name and width and the stored dtype (read
-        once: a remote encoder's width is a probe)."""
-        return f"{self.encoder.name}\x1f{self.encoder.dim}\x1f{np.dtype(self.dtype).name}\x1f"
+        """What every text's key hashes before the text: the encoder's `stored_name` and width and the stored dtype
+        (read once: a remote encoder's width is a probe)."""
+        return f"{stored_name(self.encoder)}\x1f{self.encoder.dim}\x1f{np.dtype(self.dtype).name}\x1f"
 
     def key(self, text: str) -> str:
         digest = hashlib.sha256((self.key_prefix + text).encode("utf-8", "surrogatepass")).hexdigest()[:32]
