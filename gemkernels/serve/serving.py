@@ -77,8 +77,8 @@ READY_TIMEOUT_S = 3.0
 RELAYED = "relayed"
 #: The route label and passthrough reason of relayed WebSockets.
 WEBSOCKET = "websocket"
-#: Upstream handshake answer headers not relayed to the client (uvicorn writes its own Date and Server).
-NOT_RELAYED_HANDSHAKE = HOP_BY_HOP | {b"date", b"server"}
+#: Upstream handshake answer headers not relayed to the client: an upgrade's answer has no body to frame.
+NOT_RELAYED_HANDSHAKE = NOT_RELAYED | {b"content-length"}
 
 
 def tenant_of(headers: Mapping[str, str]) -> str:

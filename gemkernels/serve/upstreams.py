@@ -53,7 +53,7 @@ class Upstreams:
     Requests go to the pools' transports as built here, not through an ``httpx.AsyncClient``: a client would add
     its default headers and replay the cookies any upstream answer set on every later request, whoever sent it
     (one tenant's cookies in another's requests), and its URL merging, auth, redirect and cookie bookkeeping cost
-    an eighth of a request's send (bench/RESULTS.md)."""
+    a fifth of a request's send (`bench.upstream_send`: 1.04 against 0.85 ms of CPU)."""
 
     def __init__(self, roots: dict[str, str], timeout: float, transport: httpx.AsyncBaseTransport | None = None):
         missing = {OPENAI_UPSTREAM, ANTHROPIC_UPSTREAM} - set(roots)

@@ -24,7 +24,6 @@ STATIC_DIR = Path(__file__).resolve().parent / "minilm_static"
 TABLE_FILE = "embeddings.npz"
 #: A text's parts: the runs between ASCII whitespace and punctuation, and each ASCII punctuation character in it.
 WORDS = re.compile(r"[^\t\n\r !-/:-@\[-`{-~]+")
-PUNCTUATION = string.punctuation
 #: Parts remembered with their word pieces, at most this many (then the memory starts again), each of at most
 #: `PIECE_MEMORY_CHARS` characters: some 16 MB.
 PIECE_MEMORY, PIECE_MEMORY_CHARS = 1 << 16, 48
@@ -85,4 +84,4 @@ class StaticEncoder:
 def text_parts(text: str) -> set[str]:
     """The distinct parts of ``text`` whose word pieces together are the text's: its runs between ASCII whitespace
     and punctuation, and the punctuation characters it holds."""
-    return set(WORDS.findall(text)).union([mark for mark in PUNCTUATION if mark in text])
+    return set(WORDS.findall(text)).union([mark for mark in string.punctuation if mark in text])
