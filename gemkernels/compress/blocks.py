@@ -278,7 +278,8 @@ def openai_block(messages: Sequence[dict[str, Any]], span: Span) -> Block:
 def anthropic_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
     """Assistant ``tool_use`` messages answered exactly by the next user message's ``tool_result`` parts.
 
-    A block whose answering message also carries other parts is valid but not removable."""
+    A block whose answering message also carries other parts, or either of whose messages also makes OpenAI calls
+    (a history that mixes formats), is valid but not removable."""
     spans = []
     seen: set[str] = set()
     i = 0
@@ -303,10 +304,17 @@ def anthropic_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
         answered = [p.get("tool_use_id") for p in answer_parts if p.get("type") == "tool_result"]
         if not all(isinstance(a, str) for a in answered) or len(answered) != len(ids) or set(answered) != set(ids):
             raise BlockStructureError(f"the tool_use ids of message {i} are not answered exactly by message {i + 1}")
-        if all(p.get("type") == "tool_result" for p in answer_parts):
+        if all(p.get("type") == "tool_result" for p in answer_parts) and not (
+                calls_openai_tools(message) or calls_openai_tools(answer)):
             spans.append(Span((i, i + 1), tuple(ids)))
         i += 2
     return spans
+
+
+def calls_openai_tools(message: dict[str, Any]) -> bool:
+    """Whether ``message`` also makes OpenAI calls (``tool_calls``, legacy ``function_call``), whose results are other
+    messages: in an Anthropic history such a message is never removed, or its results would lose their call."""
+    return bool(message.get("tool_calls") or message.get("function_call"))
 
 
 def anthropic_block(messages: Sequence[dict[str, Any]], span: Span) -> Block:

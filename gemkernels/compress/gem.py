@@ -25,7 +25,14 @@ from gemkernels.compress.encoders import Encoder, EncodingDeferred, make_encoder
 from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
 from gemkernels.compress.guard import guarded_removals
 from gemkernels.compress.identity import local_digest, responses_said, said, stable_digest
-from gemkernels.compress.policy import budget_reason, ceiling_drops, could_repay, repay_reason, reselection_reason
+from gemkernels.compress.policy import (
+    budget_reason,
+    ceiling_drops,
+    could_repay,
+    guard_reason,
+    repay_reason,
+    reselection_reason,
+)
 from gemkernels.compress.references import EMPTY, HeldIndex, Lexicon, block_lexicon
 from gemkernels.compress.representation import block_text
 from gemkernels.compress.resume import Marshalled, RawMessages, resume
@@ -282,7 +289,7 @@ class GEM:
         if reason is None:
             before = set(range(n)) if state is None else {b for b in range(seen) if keys[b] in state.forwarded}
             appended = before | set(range(seen, n)) | (set() if cfg.budgeted else set(seeds))
-            reason = budget_reason(appended, sizes, cfg)
+            reason = budget_reason(appended, sizes, cfg) or guard_reason(appended, block_chars, chars_before, cfg.delta)
         select_started = time.perf_counter()
 
         def rewritten() -> tuple[set[int], list[int], float | None]:
@@ -340,12 +347,17 @@ class GEM:
                   why: str, started: float, message_sizes: Sequence[int] | None) -> Compressed:
         """The request when the encoder could not give its embeddings in time: the session's saved forwarded set
         with every newer block appended when the history extends the last request (the upstream's cached prefix
-        holds), else unchanged; the session state is left as it was."""
+        holds) and that keeps what the guard requires, else unchanged; the session state is left as it was."""
         messages = history.messages
         if state is None or keys[:len(state.block_keys)] != state.block_keys:
             return self._passthrough(messages, why, session_id, started)
         n, seen = len(keys), len(state.block_keys)
         forwarded = {b for b in range(seen) if keys[b] in state.forwarded} | set(range(seen, n))
+        sizes = message_sizes if message_sizes is not None else [serialised_chars(m) for m in messages]
+        chars_before = sum(sizes)
+        block_chars = [sum(sizes[p] for p in span.positions) for span in history.spans]
+        if (broken := guard_reason(forwarded, block_chars, chars_before, self.config.delta)) is not None:
+            return self._passthrough(messages, f"{why}; {broken}", session_id, started)
         reason = f"{why}; {n - seen} new blocks appended to the saved forwarded set"
         if self.config.max_forward_tokens is not None:  # new blocks weigh their characters / 4 (not counted yet)
             tokens = [block_tokens(state.block_cache[key]) if key in state.block_cache else
@@ -353,14 +365,12 @@ class GEM:
                       for key, span in zip(keys, history.spans)]
             forwarded, reason = self._ceiling(history, forwarded, tokens, self._other_tokens(history), (), (), reason)
         removed = sorted(set(range(n)) - forwarded)
-        sizes = message_sizes if message_sizes is not None else [serialised_chars(m) for m in messages]
         out = reconstruct(history, forwarded)
-        chars_before = sum(sizes)
         stats = CompressionStats(
             APPENDED, reason, session_id, blocks=n,
             forwarded_blocks=len(forwarded), removed_blocks=removed, messages_before=len(messages),
             messages_after=len(out), chars_before=chars_before,
-            chars_after=chars_before - sum(sizes[p] for b in removed for p in history.spans[b].positions),
+            chars_after=chars_before - sum(block_chars[b] for b in removed),
             seconds={"total": time.perf_counter() - started})
         return Compressed(out, stats)
 
@@ -493,8 +503,14 @@ def request_chars(messages: Sequence[Any], history: History, block_chars: int) -
 
 
 def session_key(session_id: str, tenant: str | None) -> str:
-    """Where a tenant's session lives in the store (sessions of two tenants never meet)."""
-    return session_id if tenant is None else f"{tenant}\x1f{session_id}"
+    """Where a tenant's session lives in the store: a different key for every (tenant, session id) pair, so sessions
+    of two tenants never meet whatever ids they send (``tenant\x1fsession``, or the bare id without a tenant, when
+    neither can be mistaken for the other; else a key that starts with the separator)."""
+    if tenant is None and "\x1f" not in session_id:
+        return session_id
+    if tenant and "\x1f" not in tenant:
+        return f"{tenant}\x1f{session_id}"
+    return "\x1f" + json.dumps([tenant, session_id])
 
 
 def prefix_session_id(history: History) -> str:

@@ -39,6 +39,16 @@ def budget_reason(appended: set[int], sizes: Sequence[int], cfg: GEMConfig) -> s
     return None
 
 
+def guard_reason(forwarded: set[int], block_chars: Sequence[int], total: int, delta: float) -> str | None:
+    """Why forwarding only ``forwarded`` would break the guard (DESIGN.md §2.6): the request would keep less than
+    ``1 - delta`` of its ``total`` characters (``block_chars``: each block's), as a saved forwarded set can once the
+    client shortens messages outside blocks; or None."""
+    kept = total - sum(chars for b, chars in enumerate(block_chars) if b not in forwarded)
+    if kept >= (1.0 - delta) * total:
+        return None
+    return f"the saved forwarded set would keep {kept} of {total} characters, less than 1 - delta = {1.0 - delta:g}"
+
+
 class RewriteCost(NamedTuple):
     """A rewrite under the cost model of `GEMConfig`: tokens it drops from every call, what that saves over the
     expected remaining calls, the cache miss it pays once, and the per-call saving worth a rewrite."""

@@ -186,10 +186,15 @@ def forwarded_body(raw: bytes, layout: ArrayLayout, original: Sequence[Any], kep
     return cut_body(raw, layout, len(original), removed_positions(original, kept), replaced)
 
 
-def json_bytes(value: Any) -> bytes:
-    """``value`` as JSON in UTF-8, or escaped to ASCII when it holds a lone surrogate (which UTF-8 cannot carry)."""
+def json_bytes(value: Any) -> bytes | None:
+    """``value`` as JSON in UTF-8, or escaped to ASCII when it holds a lone surrogate (which UTF-8 cannot carry);
+    None when JSON cannot write it (a number the client wrote as ``1e400`` reads as inf)."""
     try:
-        return json.dumps(value, ensure_ascii=False).encode()
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return None
+    try:
+        return text.encode()
     except UnicodeEncodeError:
         return json.dumps(value).encode("ascii")
 

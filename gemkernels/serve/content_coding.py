@@ -27,6 +27,8 @@ def decoded(raw: bytes, coding: str, limit: int) -> bytes:
 
 
 def zlib_decoded(raw: bytes, wbits: int, limit: int) -> bytes:
+    """``raw`` decoded; anything after the end of its stream (junk, or a second gzip member) is refused: decoding
+    would drop it, and the upstream would read the body the client sent otherwise."""
     decoder = zlib.decompressobj(wbits)
     try:
         out = decoder.decompress(raw, limit + 1)
@@ -36,6 +38,8 @@ def zlib_decoded(raw: bytes, wbits: int, limit: int) -> bytes:
         raise UndecodableBody(f"the body decodes to more than {limit} bytes")
     if not decoder.eof:
         raise UndecodableBody("the compressed body is cut short")
+    if decoder.unused_data:
+        raise UndecodableBody("the body holds data after the end of its compressed stream")
     return out
 
 

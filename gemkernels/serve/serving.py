@@ -45,7 +45,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from gemkernels.compress.blocks import json_object
 from gemkernels.compress.gem import PASSTHROUGH
 from gemkernels.compress.sessions import GEM_SESSION_HEADER, request_session
-from gemkernels.serve.body import cut_body, element_sizes, json_bytes, parse_body, removed_positions
+from gemkernels.serve.body import ArrayLayout, cut_body, element_sizes, json_bytes, parse_body, removed_positions
 from gemkernels.serve.cache_marks import moved_marks
 from gemkernels.serve.compressor import Compressor
 from gemkernels.serve.config import ServerConfig
@@ -158,6 +158,15 @@ def passed_headers(raw: Sequence[tuple[bytes, bytes]], dropped: frozenset[bytes]
     return [(key, value) for key, value in raw if key.lower() not in gone]
 
 
+def read_json(raw: bytes, coding: str, key: str, limit: int
+              ) -> tuple[bytes, dict[str, Any] | None, ArrayLayout | None]:
+    """``raw`` decoded from ``coding`` (`UndecodableBody` when it cannot be), the JSON object it holds (None: not
+    one) and the layout of its ``key`` array (`parse_body`: one parse lays the body out; None when it cannot)."""
+    text = decoded(raw, coding, limit)
+    body, layout = parse_body(text, key) or (json_object(text), None)
+    return text, body, layout
+
+
 class BodyStalled(Exception):
     """A streamed request body sent no byte for its timeout."""
 
@@ -207,11 +216,11 @@ class Proxy:
         """The body to forward, decoded, when compression removed something from ``raw``; else None (``raw`` goes
         out as sent: the reason is in the metrics)."""
         coding = request.headers.get("content-encoding", "")
-        try:
-            text = decoded(raw, coding, self.config.max_body_bytes)
+        try:  # a large body takes a second to read: off the event loop, so other requests go on meanwhile
+            text, body, layout = await asyncio.to_thread(read_json, raw, coding, api.history,
+                                                         self.config.max_body_bytes)
         except UndecodableBody as err:
             return self.unchanged(api, "undecodable_body", str(err))
-        body, layout = parse_body(text, api.history) or (json_object(text), None)  # one parse lays the body out
         if body is None:
             return self.unchanged(api, "malformed_body")
         reason = api.unchanged_reason(body)
@@ -224,9 +233,11 @@ class Proxy:
         result = await self.compressor.compress(api.path, history, session, message_sizes=sizes, tenant=tenant,
                                                 save=save, message_bytes=written)
         removed = [] if result is None else removed_positions(history, result.messages)
-        moved = {}
+        moved, replaced = {}, {}
         if api.upstream == ANTHROPIC_UPSTREAM and removed:  # a removed message's cache breakpoint moves to a kept one
             moved = moved_marks(body, history, removed)
+            replaced = {p: data for p, message in moved.items() if (data := json_bytes(message)) is not None}
+            moved = {p: moved[p] for p in replaced}  # one JSON cannot write again keeps its bytes, unmarked
         if self.observer is not None and save:
             if layout is not None:  # what would have gone out: the history less ``removed`` (None: not a cut of it)
                 gone = set(removed or ())
@@ -237,7 +248,6 @@ class Proxy:
             return None
         if result is None or len(result.messages) == len(history):
             return None
-        replaced = {p: json_bytes(message) for p, message in moved.items()}
         cut = None if layout is None else cut_body(text, layout, len(history), removed, replaced)
         if cut is None:  # the bytes do not line up with the parsed history: send what the client sent
             logger.warning("gemkernels: could not cut the removed blocks out of the body; forwarding it unchanged")

@@ -12,11 +12,13 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from gemkernels.serve.formats import ANTHROPIC_UPSTREAM, OPENAI_UPSTREAM
+from gemkernels.serve.http1 import Http1Transport
 
-#: Upstream clients (connection pools) the requests are spread over, each to the one with the fewest requests
+#: httpx's connection pools the requests through a proxy are spread over, each to the one with the fewest requests
 #: awaiting an answer (a light load stays on the first pool's warm connections). httpcore 1.0's pool scans all of
 #: its connections for each idle one whenever a request starts or ends (O(n^2) in the connections), which made
 #: forwarding alone collapse past ~100 requests in flight; k pools cut that work k^2-fold (bench/RESULTS.md §i).
+#: Requests straight to an upstream go through one `Http1Transport` instead, whose idle connections are a list.
 UPSTREAM_POOLS = 32
 #: Frames an upstream WebSocket buffers before websockets stops reading from its socket (flow control: the relay
 #: takes one message at a time, so an upstream faster than its client waits instead of filling memory).
@@ -46,9 +48,9 @@ class NoRedirects(connect):
 
 
 class Upstreams:
-    """The OpenAI-format and Anthropic-format API roots (``roots``: kind -> URL) behind `UPSTREAM_POOLS` pools of
-    keep-alive connections (one set of pools per proxy the environment names, `environment_proxy`); ``transport``
-    replaces the network (tests, one pool, no proxy).
+    """The OpenAI-format and Anthropic-format API roots (``roots``: kind -> URL) behind keep-alive connections: one
+    `Http1Transport` for the upstreams reached directly, `UPSTREAM_POOLS` httpx pools through each proxy the
+    environment names (`environment_proxy`); ``transport`` replaces the network (tests, one pool, no proxy).
 
     Requests go to the pools' transports as built here, not through an ``httpx.AsyncClient``: a client would add
     its default headers and replay the cookies any upstream answer set on every later request, whoever sent it
@@ -78,9 +80,14 @@ class Upstreams:
             self.proxies[origin] = None if self.fixed is not None else environment_proxy(url)
         proxy = self.proxies[origin]
         if proxy not in self.pools:
-            self.pools[proxy] = Pools([self.fixed] if self.fixed is not None else [
-                httpx.AsyncHTTPTransport(verify=self.ssl, limits=self.limits, proxy=proxy)
-                for _ in range(UPSTREAM_POOLS)])
+            if self.fixed is not None:
+                transports: list[httpx.AsyncBaseTransport] = [self.fixed]
+            elif proxy is None:
+                transports = [Http1Transport(self.ssl, max_idle=self.limits.max_keepalive_connections or 256)]
+            else:
+                transports = [httpx.AsyncHTTPTransport(verify=self.ssl, limits=self.limits, proxy=proxy)
+                              for _ in range(UPSTREAM_POOLS)]
+            self.pools[proxy] = Pools(transports)
         return self.pools[proxy]
 
     def url(self, kind: str, path: str) -> str:

@@ -325,3 +325,23 @@ def test_a_moving_cache_breakpoint_neither_rewrites_nor_reencodes(preset):
     assert second.stats.action == "appended" and second.stats.encoded_blocks == 1
     # the forwarded messages are the caller's own, marks included
     assert second.messages[-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+
+
+@pytest.mark.parametrize("carrier", ["assistant", "answer"])
+@pytest.mark.parametrize("call", ["tool_calls", "function_call"])
+def test_a_block_that_also_makes_openai_calls_is_never_dropped(carrier, call):
+    """A history that mixes formats: a tool_use turn (or its answer) that also carries OpenAI calls, answered by a
+    ``tool`` (or legacy ``function``) message after the block. Dropping the block left that result without its
+    call; such a block is valid but not removable."""
+    h = anthropic_history(30, seed=1)
+    at = 13 if carrier == "assistant" else 14
+    if call == "tool_calls":
+        h[at] = {**h[at], "tool_calls": [{"id": "oa", "type": "function",
+                                          "function": {"name": "bash", "arguments": "{}"}}]}
+        h.insert(15, {"role": "tool", "tool_call_id": "oa", "content": "x"})
+    else:
+        h[at] = {**h[at], "function_call": {"name": "bash", "arguments": "{}"}}
+        h.insert(15, {"role": "function", "name": "bash", "content": "x"})
+    assert 13 not in parse_history(h).block_positions
+    out = GEM("core", encoder=HashEncoder(32), token_counter=None).compress(h).messages
+    assert any(m is h[13] for m in out) and any(m is h[14] for m in out) and any(m is h[15] for m in out)

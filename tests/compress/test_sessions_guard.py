@@ -353,3 +353,74 @@ def test_fractional_sizes_are_compared_exactly():
     assert guarded_removals([10.6, 10.6, 5.0], [0, 1, 2], 100, 0.2) == [0, 2]
     assert guarded_removals([2**64, 1, 1], [0, 1, 2], 2**65, 0.5) == [0]  # beyond int64: no overflow
     assert guarded_removals([2**63, 2**63], [0, 1], 2**65, 0.25) == [0]  # numpy reads these as uint64
+
+
+# ----------------------------------------------------------------------------- the guard across a session
+
+
+class DeferringEncoder:
+    """A hash encoder that defers (as the server's queue past its budget) while ``deferring`` is set."""
+
+    def __init__(self):
+        from gemkernels.compress.encoders import HashEncoder
+
+        self.inner, self.deferring = HashEncoder(64), False
+        self.name, self.dim = self.inner.name, self.inner.dim
+
+    def encode(self, texts):
+        from gemkernels.compress.encoders import EncodingDeferred
+
+        if self.deferring:
+            raise EncodingDeferred("over budget")
+        return self.inner.encode(texts)
+
+
+@settings(max_examples=40, deadline=None)
+@given(preset=st.sampled_from(["paper", "balanced"]), notes=st.integers(2_000, 60_000), kept=st.integers(0, 1_000),
+       deferred=st.booleans())
+def test_an_append_never_forwards_less_than_the_guard_allows(preset, notes, kept, deferred):
+    """A client that shortens a message outside blocks (here a long assistant note, not a goal) while its blocks
+    stay: appending to the saved forwarded set, which the guard sized for the longer request, forwarded less than
+    1 - delta of this one (balanced: 42% of it); it reselects instead, or goes out unchanged when encoding defers."""
+    from gemkernels import GEM
+    from gemkernels.testing.histories import synthetic_history
+
+    encoder = DeferringEncoder()
+    gem = GEM(preset, encoder=encoder, token_counter=None)
+    history = synthetic_history(41, seed=1)
+    note = {"role": "assistant", "content": "notes " * (notes // 6)}
+    first = gem.compress(history[:2] + [note] + history[2:-2], session_id="s")
+    assert first.stats.removed_blocks
+    encoder.deferring = deferred
+    shortened = {"role": "assistant", "content": note["content"][:kept]}
+    result = gem.compress(history[:2] + [shortened] + history[2:], session_id="s")
+    stats = result.stats
+    assert stats.action == "passthrough" or stats.chars_after >= (1 - gem.config.delta) * stats.chars_before
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs=st.lists(st.tuples(st.none() | st.text("a\x1f[]\"", max_size=4), st.text("a\x1f[]\"", max_size=4)),
+                      min_size=2, max_size=2, unique=True))
+def test_sessions_of_two_tenants_never_meet_whatever_ids_they_send(pairs):
+    """The store key was ``tenant\\x1fsession`` (the bare id without a tenant): tenant ``a`` with session ``b\\x1fc``
+    and tenant ``a\\x1fb`` with session ``c`` shared one session, and so did no tenant with ``a\\x1fb`` and tenant
+    ``a`` with ``b``. Every (tenant, session id) pair has a key of its own, and a server tenant's keys are as before."""
+    from gemkernels.compress.gem import session_key
+
+    (tenant, session), (other_tenant, other_session) = pairs
+    assert session_key(session, tenant) != session_key(other_session, other_tenant)
+    assert session_key("s", "0f3a") == "0f3a\x1fs" and session_key("s", None) == "s"
+
+
+def test_a_tenant_never_reaches_another_tenants_session_through_the_separator():
+    from gemkernels import GEM
+    from gemkernels.compress.encoders import HashEncoder
+    from gemkernels.testing.histories import synthetic_history
+
+    gem = GEM("paper", encoder=HashEncoder(64), token_counter=None)
+    messages = synthetic_history(30, seed=2)
+    gem.compress(messages, session_id="b\x1fc", tenant="a")
+    gem.compress(messages, session_id="b", tenant="a")
+    for session, tenant in (("c", "a\x1fb"), ("a\x1fb", None)):
+        assert gem.compress(messages, session_id=session, tenant=tenant).stats.reason == \
+            "first eligible request of the session"

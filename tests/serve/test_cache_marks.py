@@ -122,3 +122,36 @@ def unmarked(message: dict) -> str:
     if isinstance(content, list):
         content = [{k: v for k, v in part.items() if k != "cache_control"} for part in content]
     return json.dumps({**message, "content": content})
+
+
+def test_a_message_json_cannot_write_back_keeps_its_bytes_and_gets_no_breakpoint():
+    """A kept message holding ``1e400`` (read as inf) was rewritten with ``Infinity``, which is not JSON: the
+    proxy turned a valid request into one the API refuses. It now stays as sent, the breakpoint not moved."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from gemkernels.serve.app import create_app
+    from gemkernels.serve.config import ServerConfig
+    from gemkernels.testing.histories import synthetic_anthropic_history
+
+    history = synthetic_anthropic_history(60, seed=31)
+    marked = 2 * 20
+    history[marked]["content"][0]["cache_control"] = MARK
+    for message in history[1:]:
+        message["content"][-1]["size"] = 12345
+    raw = json.dumps({"model": "claude", "messages": history}).encode().replace(b"12345", b"1e400")
+    sent: list[bytes] = []
+    app = create_app(ServerConfig(upstream="http://upstream", encoder="hash", preset="core", encode_budget=30.0),
+                     transport=httpx.MockTransport(lambda r: sent.append(r.content) or httpx.Response(200, json={})))
+    with TestClient(app) as client:
+        client.post("/v1/messages", content=raw, headers={"x-api-key": "k"})
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    forwarded = json.loads(sent[-1], parse_constant=refuse)["messages"]
+    assert len(forwarded) < len(history) and b"1e400" in sent[-1]
+    kept = [p for p, message in enumerate(json.loads(raw)["messages"]) if message in forwarded]
+    removed = [p for p in range(len(history)) if p not in kept]
+    assert marked in removed and sent[-1] == without_elements(raw, parse_body(raw, "messages")[1], removed)

@@ -38,3 +38,13 @@ def test_bad_bodies_are_refused_without_decoding_past_the_limit(coding):
 def test_unknown_codings_are_named():
     with pytest.raises(UndecodableBody, match="'br' is not one"):
         decoded(b"x", "br", limit=10)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_data_after_the_compressed_stream_is_refused_not_dropped(coding):
+    """Junk or a second gzip member after the stream made the body decode to its first stream alone, so the proxy
+    forwarded a body the client never sent (``{...}{"x": 1}`` became a valid ``{...}``)."""
+    packed = CODERS[coding](b'{"messages": []}')
+    for tail in (b"JUNK", CODERS[coding](b'{"x": 1}')):
+        with pytest.raises(UndecodableBody, match="after the end"):
+            decoded(packed + tail, coding, limit=1 << 20)

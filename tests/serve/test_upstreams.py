@@ -1,5 +1,6 @@
-"""The upstream pools: requests spread to the pool with the fewest awaiting an answer (httpcore's pool is
-quadratic in its connections), a light load stays on the first pool, and URLs and raw query strings as sent."""
+"""The upstream pools: direct requests over one `Http1Transport`; through a proxy, requests spread to the pool with
+the fewest awaiting an answer (httpcore's pool is quadratic in its connections), a light load staying on the first
+pool; URLs and raw query strings as sent."""
 
 from __future__ import annotations
 
@@ -10,10 +11,23 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
+from gemkernels.serve import upstreams as upstreams_module  # noqa: E402
+from gemkernels.serve.http1 import Http1Transport  # noqa: E402
 from gemkernels.serve.upstreams import UPSTREAM_POOLS, Upstreams, upstream_url  # noqa: E402
 
+PROXY = "http://proxy.invalid:3128"
 
-def test_requests_spread_over_the_pools_and_a_light_load_stays_on_the_first():
+
+def test_direct_upstreams_share_one_http1_transport(monkeypatch):
+    monkeypatch.setattr(upstreams_module, "environment_proxy", lambda url: None)
+    upstreams = Upstreams({"openai": "http://u/v1", "anthropic": "http://a"}, timeout=5)
+    assert list(upstreams.pools) == [None]
+    assert [type(t) for t in upstreams.pools[None].transports] == [Http1Transport]
+
+
+def test_requests_through_a_proxy_spread_over_the_pools_and_a_light_load_stays_on_the_first(monkeypatch):
+    monkeypatch.setattr(upstreams_module, "environment_proxy", lambda url: PROXY)
+
     async def scenario() -> tuple[list[int], list[int], list[bytes]]:
         upstreams = Upstreams({"openai": "http://u/v1", "anthropic": "http://a"}, timeout=5)
         release = asyncio.Event()
@@ -28,7 +42,7 @@ def test_requests_spread_over_the_pools_and_a_light_load_stays_on_the_first():
                 return httpx.Response(200)
             return send
 
-        pools = upstreams.pools[None]
+        pools = upstreams.pools[PROXY]
         for pool, transport in enumerate(pools.transports):
             transport.handle_async_request = fake_send(pool)
         for _ in range(5):  # one at a time: always the first pool, whose connections are warm

@@ -1,0 +1,318 @@
+"""`Http1Transport`: the proxy's upstream requests over HTTP/1.1 keep-alive connections, parsed by httptools (the C
+parser uvicorn uses), as an ``httpx.AsyncBaseTransport``.
+
+The request goes out as ``httpx.Request`` holds it: its method, raw target and headers, bytes as given (the caller's
+``Host``, ``Content-Length`` or ``Transfer-Encoding``), its body whole or chunk-framed when it is a stream. The answer
+comes back as an ``httpx.Response`` whose stream yields the body as it arrives (transfer coding removed, content
+coding kept: what ``aiter_raw`` gives). Errors and timeouts are httpx's (``ConnectError``, ``ConnectTimeout``,
+``ReadTimeout``, ``WriteTimeout``, ``RemoteProtocolError``, ``ReadError``, ``WriteError``), so callers need not know
+which transport ran.
+
+Why not httpcore: its pure-Python HTTP/1.1 (h11), its anyio cancel scopes around every read and write and its pool's
+bookkeeping were about half of the proxy's CPU per forwarded request (bench/RESULTS.md). One transport serves every
+origin; idle connections wait in a LIFO per origin (at most ``max_idle`` each, closed after ``idle_expiry`` s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+import httptools
+import httpx
+
+#: A response body buffered past this many bytes pauses reading from the upstream until the client takes it.
+READ_BUFFER_BYTES = 1 << 20
+#: Status codes of interim answers (100 Continue, 102, 103 Early Hints), skipped; 101 is a final answer here.
+INTERIM = frozenset({100, 102, 103})
+
+
+class Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection: one request at a time, its answer parsed as it arrives."""
+
+    def __init__(self, origin: tuple[bytes, bytes, int]):
+        self.origin = origin
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.writable: asyncio.Future[None] | None = None  # set while the transport's write buffer is full
+        self.start(head_only=False)
+
+    def start(self, head_only: bool) -> None:
+        """Ready for the next answer (``head_only``: the answer to a HEAD request, which has no body)."""
+        self.parser = httptools.HttpResponseParser(self)
+        self.head_only = head_only
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.complete = False
+        self.keep = False  # whether the upstream keeps the connection open after this answer
+        self.error: Exception | None = None
+        self.arrived: asyncio.Future[None] | None = None  # set while the reader waits for body bytes
+        self.reading_paused = False
+
+    # --------------------------------------------------------------- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.complete:  # bytes after the answer, or on an idle connection: not HTTP we can follow
+            self.keep = False
+            self.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # 101 and the upstream's next protocol: the answer ends at its head
+            self.complete = True
+            self.keep = False
+            self.wake()
+        except httptools.HttpParserError as err:
+            self.fail(httpx.RemoteProtocolError(f"malformed answer from the upstream: {err}"))
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete:
+            if self.head.done() and not self.has_length():  # a body framed by the end of the connection
+                self.complete, self.keep = True, False
+                self.wake()
+            else:
+                where = "its answer" if self.head.done() else "an answer"
+                self.fail(httpx.RemoteProtocolError(f"the upstream closed the connection before {where} was complete")
+                          if exc is None else httpx.ReadError(str(exc) or type(exc).__name__))
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_exception(httpx.WriteError("the upstream closed the connection"))
+
+    def pause_writing(self) -> None:
+        self.writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+        self.writable = None
+
+    # --------------------------------------------------------------- httptools callbacks
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status in INTERIM:  # its message completes next; the final answer follows on the same connection
+            self.reason, self.headers = b"", []
+            return
+        self.status = status
+        if not self.head.done():
+            self.head.set_result(None)
+        if self.head_only:
+            self.complete, self.keep = True, False  # llhttp does not know the request was HEAD: never reused
+            self.wake()
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete:
+            return
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > READ_BUFFER_BYTES and not self.reading_paused and self.transport is not None:
+            self.transport.pause_reading()
+            self.reading_paused = True
+        self.wake()
+
+    def on_message_complete(self) -> None:
+        if self.status == 0 or self.complete:  # an interim answer, or a HEAD answer already complete
+            return
+        self.complete = True
+        self.keep = self.parser.should_keep_alive()
+        self.wake()
+
+    # --------------------------------------------------------------- the request's side
+
+    def has_length(self) -> bool:
+        """Whether the answer's body is framed by a length or chunks (not by the end of the connection)."""
+        return any(name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self.headers) or \
+            self.status in (204, 304) or self.status < 200
+
+    def wake(self) -> None:
+        if self.arrived is not None and not self.arrived.done():
+            self.arrived.set_result(None)
+
+    def fail(self, error: Exception) -> None:
+        self.error = error
+        if not self.head.done():
+            self.head.set_exception(error)
+            self.head.exception()  # retrieved: a failure nobody waits for is not logged as never retrieved
+        self.wake()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self.closed = True
+
+    async def write(self, data: bytes, timeout: float | None) -> None:
+        """``data`` to the upstream, waiting (at most ``timeout`` s) while the transport's buffer is full."""
+        if self.closed or self.transport is None:
+            raise httpx.WriteError("the upstream closed the connection")
+        self.transport.write(data)
+        if self.writable is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.writable), timeout)
+            except asyncio.TimeoutError:
+                raise httpx.WriteTimeout("the upstream did not take the request body in time") from None
+
+    async def next_chunk(self, timeout: float | None) -> bytes | None:
+        """The next piece of the body, or None once it is complete; ReadTimeout after ``timeout`` s without one."""
+        while not self.chunks:
+            if self.error is not None:
+                raise self.error
+            if self.complete:
+                return None
+            self.arrived = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self.arrived, timeout)
+            except asyncio.TimeoutError:
+                raise httpx.ReadTimeout("the upstream sent nothing in time") from None
+            finally:
+                self.arrived = None
+        chunk = self.chunks.popleft()
+        self.buffered -= len(chunk)
+        if self.reading_paused and self.buffered <= READ_BUFFER_BYTES // 2 and self.transport is not None:
+            self.transport.resume_reading()
+            self.reading_paused = False
+        return chunk
+
+
+class ResponseBody(httpx.AsyncByteStream):
+    """An answer's body as it arrives; when it is read to its end the connection goes back to its transport's idle
+    connections (if the upstream keeps it alive), and closing it earlier closes the connection."""
+
+    def __init__(self, owner: Http1Transport, connection: Connection, read_timeout: float | None):
+        self.owner, self.connection, self.read_timeout = owner, connection, read_timeout
+        self.done = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        connection = self.connection
+        while not self.done:
+            try:
+                chunk = await connection.next_chunk(self.read_timeout)
+            except BaseException:
+                self.finish(reuse=False)
+                raise
+            if chunk is None:
+                self.finish(reuse=connection.keep)
+                return
+            yield chunk
+
+    def finish(self, reuse: bool) -> None:
+        if not self.done:
+            self.done = True
+            self.owner.release(self.connection, reuse and self.connection.complete and not self.connection.closed)
+
+    async def aclose(self) -> None:
+        self.finish(reuse=False)
+
+
+class Http1Transport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 to any origin over keep-alive connections (module doc); ``ssl_context`` for ``https://``."""
+
+    def __init__(self, ssl_context: ssl.SSLContext | None = None, max_idle: int = 256, idle_expiry: float = 5.0):
+        self.ssl_context = ssl_context
+        self.max_idle, self.idle_expiry = max_idle, idle_expiry
+        self.idle: dict[tuple[bytes, bytes, int], list[Connection]] = {}
+        self.busy: set[Connection] = set()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts: dict[str, Any] = request.extensions.get("timeout", {})
+        url = request.url
+        origin = (url.raw_scheme, url.raw_host, url.port or (443 if url.raw_scheme == b"https" else 80))
+        connection = self.idle_connection(origin) or await self.connect(origin, timeouts.get("connect"))
+        self.busy.add(connection)
+        head_only = request.method == "HEAD"
+        connection.start(head_only)
+        try:
+            await self.send_request(connection, request, timeouts.get("write"))
+            try:
+                await asyncio.wait_for(asyncio.shield(connection.head), timeouts.get("read"))
+            except asyncio.TimeoutError:
+                raise httpx.ReadTimeout("the upstream did not answer in time") from None
+        except BaseException:
+            self.release(connection, reuse=False)
+            raise
+        return httpx.Response(connection.status, headers=connection.headers,
+                              stream=ResponseBody(self, connection, timeouts.get("read")),
+                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": connection.reason})
+
+    def idle_connection(self, origin: tuple[bytes, bytes, int]) -> Connection | None:
+        """The most recently used idle connection to ``origin`` still open and not expired, else None."""
+        idle = self.idle.get(origin)
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and now - connection.idle_since < self.idle_expiry:
+                return connection
+            connection.close()
+        return None
+
+    async def connect(self, origin: tuple[bytes, bytes, int], timeout: float | None) -> Connection:
+        scheme, host, port = origin
+        secure = scheme == b"https"
+        if secure and self.ssl_context is None:
+            self.ssl_context = httpx.create_ssl_context()
+        hostname = host.decode("ascii")
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await asyncio.wait_for(loop.create_connection(
+                lambda: Connection(origin), hostname, port, ssl=self.ssl_context if secure else None,
+                server_hostname=hostname if secure else None), timeout)
+        except asyncio.TimeoutError:
+            raise httpx.ConnectTimeout(f"no connection to {hostname}:{port} in time") from None
+        except OSError as err:
+            raise httpx.ConnectError(str(err) or type(err).__name__) from None
+        return connection
+
+    async def send_request(self, connection: Connection, request: httpx.Request, timeout: float | None) -> None:
+        """The request line, the headers as given and the body (chunk-framed when it is a stream and the headers
+        say chunked)."""
+        head = b"".join([request.method.encode("ascii"), b" ", request.url.raw_path, b" HTTP/1.1\r\n",
+                         *(name + b": " + value + b"\r\n" for name, value in request.headers.raw), b"\r\n"])
+        stream = request.stream
+        if isinstance(stream, httpx.ByteStream):  # the whole body: one write with the head
+            await connection.write(head + b"".join([bytes(chunk) for chunk in stream]), timeout)
+            return
+        await connection.write(head, timeout)
+        chunked = request.headers.get("transfer-encoding", "").lower() == "chunked"
+        assert isinstance(stream, AsyncIterable)
+        async for chunk in stream:
+            if chunk:
+                await connection.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else bytes(chunk), timeout)
+        if chunked:
+            await connection.write(b"0\r\n\r\n", timeout)
+
+    def release(self, connection: Connection, reuse: bool) -> None:
+        """``connection`` back among the idle ones (``reuse``) or closed."""
+        self.busy.discard(connection)
+        idle = self.idle.setdefault(connection.origin, [])
+        if reuse and len(idle) < self.max_idle:
+            connection.idle_since = time.monotonic()
+            idle.append(connection)
+        else:
+            connection.close()
+
+    async def aclose(self) -> None:
+        for connection in [*self.busy, *(c for idle in self.idle.values() for c in idle)]:
+            connection.close()
+        self.idle.clear()
+        self.busy.clear()
