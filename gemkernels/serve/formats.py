@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gemkernels.compress.responses_items import is_responses_input
+
 OPENAI_UPSTREAM, ANTHROPIC_UPSTREAM = "openai", "anthropic"
 #: Paths only Anthropic's API has; any other path goes to the OpenAI-format upstream unless the request carries
 #: ``anthropic-version`` (Claude Code's ``GET /v1/models``, say).
@@ -30,7 +32,11 @@ class ApiFormat:
                     return "stored_conversation"  # the history is on the provider's side
             if isinstance(history, str):
                 return "no_history"
-        return None if isinstance(history, list) else f"no_{self.history}"
+        if not isinstance(history, list):
+            return f"no_{self.history}"
+        if self.history == "messages" and is_responses_input(history):
+            return "responses_items"  # GEM would pair it by Responses call_ids, not by this API's tool-call ids
+        return None
 
 
 CHAT_COMPLETIONS = ApiFormat("/v1/chat/completions", "messages", OPENAI_UPSTREAM)

@@ -105,10 +105,14 @@ class Connection(asyncio.Protocol):
     # --------------------------------------------------------------- httptools callbacks
 
     def on_status(self, reason: bytes) -> None:
+        if self.complete:  # a second answer to one request: the connection is not reused
+            self.keep = False
+            return
         self.reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        if not self.complete:
+            self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()

@@ -226,10 +226,12 @@ class Proxy:
         reason = api.unchanged_reason(body)
         if reason is not None:
             return self.unchanged(api, reason)
+        if layout is None:  # JSON, but not UTF-8 (a BOM, UTF-16): no cut of it could go out, so GEM does not see it
+            return self.unchanged(api, "body_layout")
         history = body[api.history]
-        sizes = None if layout is None else element_sizes(layout)  # the layout parse_body gave this history
+        sizes = element_sizes(layout)
         session, tenant = session_of(request.headers, body), tenant_of(request.headers)
-        written = None if layout is None else (text, layout.elements)  # the next request resumes on these bytes
+        written = (text, layout.elements)  # the next request resumes on these bytes
         result = await self.compressor.compress(api.path, history, session, message_sizes=sizes, tenant=tenant,
                                                 save=save, message_bytes=written)
         removed = [] if result is None else removed_positions(history, result.messages)
@@ -238,17 +240,15 @@ class Proxy:
             moved = moved_marks(body, history, removed)
             replaced = {p: data for p, message in moved.items() if (data := json_bytes(message)) is not None}
             moved = {p: moved[p] for p in replaced}  # one JSON cannot write again keeps its bytes, unmarked
-        if self.observer is not None and save:
-            if layout is not None:  # what would have gone out: the history less ``removed`` (None: not a cut of it)
-                gone = set(removed or ())
-                forwarded = [moved.get(p, m) for p, m in enumerate(history) if p not in gone]
-                await asyncio.to_thread(self.observer.record, tenant,
-                                        session or (result.stats.session_id if result else "") or "", history,
-                                        forwarded)
+        if self.observer is not None and save:  # what would have gone out: the history less ``removed``
+            gone = set(removed or ())
+            forwarded = [moved.get(p, m) for p, m in enumerate(history) if p not in gone]
+            await asyncio.to_thread(self.observer.record, tenant,
+                                    session or (result.stats.session_id if result else "") or "", history, forwarded)
             return None
         if result is None or len(result.messages) == len(history):
             return None
-        cut = None if layout is None else cut_body(text, layout, len(history), removed, replaced)
+        cut = cut_body(text, layout, len(history), removed, replaced)
         if cut is None:  # the bytes do not line up with the parsed history: send what the client sent
             logger.warning("gemkernels: could not cut the removed blocks out of the body; forwarding it unchanged")
             self.metrics.passthroughs.labels("body_layout").inc()

@@ -259,3 +259,36 @@ def test_the_headers_a_connection_header_names_are_not_passed_on_either_way():
     sent = received[-1].headers
     assert reply.status_code == 200 and sent["x-request-kept"] == "2" and "x-request-hop" not in sent
     assert reply.headers["x-answer-kept"] == "2" and "x-answer-hop" not in reply.headers
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-32-le"])
+def test_a_body_not_in_utf8_goes_out_as_sent_without_compressing(proxy, encoding):
+    """JSON reads a BOM or UTF-16/32 body, but no cut of its bytes can go out: it was compressed all the same,
+    counted as compressed and saved to the session as if its cut had gone out, then sent unchanged."""
+    client, received = proxy
+    raw = json.dumps({"model": "m", "messages": MESSAGES}).encode(encoding)
+    reply = client.post("/v1/chat/completions", content=raw, headers={**JSON, "x-gem-session": encoding})
+    assert reply.status_code == 200 and received[-1].content == raw
+    metrics = client.get("/metrics").text
+    assert 'gem_passthroughs_total{reason="body_layout"} 1.0' in metrics
+    assert 'action="passthrough",route="/v1/chat/completions"} 1.0' in metrics and "gem_sessions 0.0" in metrics
+
+
+def test_chat_messages_typed_as_responses_items_are_not_paired_as_them(proxy):
+    """A chat history is paired by ``tool_calls``/``tool_call_id`` whatever other fields its messages carry: with
+    Responses ``type``/``call_id`` fields that pair differently, it was read as a Responses input and tool
+    messages went out without their calls (the upstream refuses that). It now goes out as sent."""
+    client, received = proxy
+    messages = json.loads(json.dumps(MESSAGES))
+    calls = [m for m in messages if m.get("tool_calls")]
+    results = [m for m in messages if m.get("role") == "tool"]
+    assert len(calls) == len(results) > 16
+    for k, (call, result) in enumerate(zip(calls, results)):
+        call.update(type="function_call", call_id=f"z{k}")
+        result.update(type="function_call_output", call_id=f"z{k - 1}" if k else "z-first")
+    messages.insert(2, {"role": "user", "content": "x", "type": "function_call", "call_id": "z-first"})
+    messages.append({"role": "user", "content": "y", "type": "function_call_output", "call_id": f"z{len(calls) - 1}"})
+    raw = json.dumps({"model": "m", "messages": messages}).encode()
+    reply = client.post("/v1/chat/completions", content=raw, headers=JSON)
+    assert reply.status_code == 200 and received[-1].content == raw
+    assert 'gem_passthroughs_total{reason="responses_items"} 1.0' in passthroughs(client)

@@ -1,0 +1,335 @@
+"""`Http1Transport` against a scripted upstream on 127.0.0.1 that answers each request with the bytes a test gives
+(any framing, any fault): bodies framed by length, chunks or the end of the connection; keep-alive reuse and when a
+connection must not be reused; HEAD, 1xx and 204; headers as bytes both ways; streamed request bodies; a dropped,
+stalled or malformed answer as httpx's errors; back-pressure on a large body."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("httptools")
+
+from gemkernels.serve.http1 import READ_BUFFER_BYTES, Http1Transport  # noqa: E402
+
+#: What the upstream does with one request: given its head and body, the writer to answer on.
+Answer = Callable[[bytes, bytes, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Upstream:
+    """A raw HTTP/1.1 server: reads each request (head, then a Content-Length or chunked body) and runs the next of
+    ``answers`` (the last one repeats); records the requests' bytes and how many connections it accepted."""
+
+    def __init__(self, *answers: Answer):
+        self.answers = list(answers)
+        self.requests: list[tuple[bytes, bytes]] = []
+        self.connections = 0
+
+    async def __aenter__(self) -> Upstream:
+        self.server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                body = await read_body(reader, head)
+                self.requests.append((head, body))
+                answer = self.answers[min(len(self.requests) - 1, len(self.answers) - 1)]
+                await answer(head, body, writer)
+                if writer.is_closing():
+                    return
+        finally:
+            writer.close()
+
+
+async def read_body(reader: asyncio.StreamReader, head: bytes) -> bytes:
+    lines = [line.lower() for line in head.split(b"\r\n")]
+    if b"transfer-encoding: chunked" in lines:
+        body = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            body += (await reader.readexactly(size + 2))[:-2]
+            if size == 0:
+                return body
+    length = next((int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:")), 0)
+    return await reader.readexactly(length)
+
+
+def answer(raw: bytes, close: bool = False, pause: float = 0.0) -> Answer:
+    """Write ``raw`` (after ``pause`` s), then close the connection if ``close``."""
+    async def write(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(pause)
+        writer.write(raw)
+        await writer.drain()
+        if close:
+            writer.close()
+    return write
+
+
+OK = answer(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+
+
+def request(url: str, method: str = "POST", content: object = b"{}", headers: list | None = None,
+            timeout: float = 5.0) -> httpx.Request:
+    return httpx.Request(method, url + "/v1/chat/completions", content=content, headers=headers or [],
+                         extensions={"timeout": httpx.Timeout(timeout).as_dict()})
+
+
+async def fetch(transport: Http1Transport, req: httpx.Request) -> tuple[httpx.Response, bytes]:
+    response = await transport.handle_async_request(req)
+    body = b"".join([chunk async for chunk in response.stream])
+    await response.aclose()
+    return response, body
+
+
+def run(scenario: Callable[[], Awaitable[object]]) -> object:
+    return asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", b"hello"),
+    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n", b"hello"),
+    (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+     b"f\r\ndata: {\"a\":1}\n\n\r\n0\r\n\r\n", b'data: {"a":1}\n\n'),
+])
+def test_bodies_framed_by_length_or_chunks_arrive_whole_and_the_connection_is_reused(raw, expected):
+    async def scenario():
+        async with Upstream(answer(raw)) as upstream:
+            transport = Http1Transport()
+            bodies = [(await fetch(transport, request(upstream.url)))[1] for _ in range(3)]
+            await transport.aclose()
+            return bodies, upstream.connections
+
+    bodies, connections = run(scenario)
+    assert bodies == [expected] * 3
+    assert connections == 1
+
+
+def test_a_body_framed_by_the_end_of_the_connection_arrives_whole_and_it_is_not_reused():
+    async def scenario():
+        async with Upstream(answer(b"HTTP/1.1 200 OK\r\n\r\nuntil the end", close=True)) as upstream:
+            transport = Http1Transport()
+            bodies = [(await fetch(transport, request(upstream.url)))[1] for _ in range(2)]
+            await transport.aclose()
+            return bodies, upstream.connections
+
+    assert run(scenario) == ([b"until the end"] * 2, 2)
+
+
+@pytest.mark.parametrize("raw", [
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+    b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+])
+def test_an_answer_that_ends_the_connection_is_not_reused(raw):
+    """The upstream says the connection ends but leaves it open (it would read another request): not reused."""
+    async def scenario():
+        async with Upstream(answer(raw)) as upstream:
+            transport = Http1Transport()
+            bodies = [(await fetch(transport, request(upstream.url)))[1] for _ in range(2)]
+            await transport.aclose()
+            return bodies, upstream.connections
+
+    assert run(scenario) == ([b"{}"] * 2, 2)
+
+
+def test_an_idle_connection_the_upstream_closed_is_not_reused():
+    """The upstream answers with keep-alive, then closes the idle connection: the next request opens another."""
+    async def scenario():
+        async def answer_then_close(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+            asyncio.get_running_loop().call_later(0.05, writer.close)
+
+        async with Upstream(answer_then_close) as upstream:
+            transport = Http1Transport()
+            first = (await fetch(transport, request(upstream.url)))[1]
+            await asyncio.sleep(0.3)
+            second = (await fetch(transport, request(upstream.url)))[1]
+            await transport.aclose()
+            return first, second, upstream.connections
+
+    assert run(scenario) == (b"{}", b"{}", 2)
+
+
+def test_head_1xx_and_204_answers_end_where_http_says():
+    async def scenario():
+        async with Upstream(answer(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n"),  # HEAD: no body follows
+                            answer(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n"
+                                   b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nx-final: yes\r\n\r\nok"),
+                            answer(b"HTTP/1.1 204 No Content\r\n\r\n")) as upstream:
+            transport = Http1Transport()
+            head = await fetch(transport, request(upstream.url, "HEAD", content=None))
+            interim = await fetch(transport, request(upstream.url))
+            empty = await fetch(transport, request(upstream.url))
+            again = await fetch(transport, request(upstream.url))
+            await transport.aclose()
+            return head, interim, empty, again
+
+    head, interim, empty, again = run(scenario)
+    assert (head[0].status_code, head[0].headers["content-length"], head[1]) == (200, "1000", b"")
+    assert (interim[0].status_code, interim[1], interim[0].headers.raw) == (
+        201, b"ok", [(b"content-length", b"2"), (b"x-final", b"yes")])
+    assert interim[0].extensions["reason_phrase"] == b"Created"
+    assert (empty[0].status_code, empty[1]) == (204, b"")
+    assert again[0].status_code == 204
+
+
+def test_headers_go_out_and_come_back_as_bytes_in_order():
+    """Non-ASCII and non-Latin-1 bytes, repeated names, the caller's casing: nothing decoded or merged."""
+    async def scenario():
+        async with Upstream(answer(b"HTTP/1.1 200 OK\r\nX-Odd: \xe2\x98\x83\xff\r\nset-cookie: a=1\r\n"
+                                   b"Set-Cookie: b=2\r\ncontent-length: 0\r\n\r\n")) as upstream:
+            transport = Http1Transport()
+            sent = [(b"X-Client", b"caf\xc3\xa9 \xff"), (b"x-rep", b"1"), (b"X-Rep", b"2")]
+            response, _ = await fetch(transport, request(upstream.url, headers=sent))
+            await transport.aclose()
+            return upstream.requests[0][0], response.headers.raw
+
+    head, received = run(scenario)
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /v1/chat/completions HTTP/1.1"
+    assert [line for line in lines if line.lower().startswith((b"x-client", b"x-rep"))] == [
+        b"X-Client: caf\xc3\xa9 \xff", b"x-rep: 1", b"X-Rep: 2"]
+    assert received == [(b"X-Odd", b"\xe2\x98\x83\xff"), (b"set-cookie", b"a=1"), (b"Set-Cookie", b"b=2"),
+                        (b"content-length", b"0")]
+
+
+@pytest.mark.parametrize("length", [True, False])
+def test_a_streamed_request_body_goes_out_whole_with_its_framing(length):
+    async def scenario():
+        async def parts():
+            for part in (b"one ", b"", b"two ", b"three"):
+                yield part
+
+        headers = [(b"content-length", b"13")] if length else None
+        async with Upstream(OK) as upstream:
+            transport = Http1Transport()
+            await fetch(transport, request(upstream.url, content=parts(), headers=headers))
+            await transport.aclose()
+            return upstream.requests[0]
+
+    head, body = run(scenario)
+    assert body == b"one two three"
+    assert (b"transfer-encoding: chunked" in head.lower()) is not length
+
+
+@pytest.mark.parametrize("raw, close, error, when", [
+    (b"", True, httpx.RemoteProtocolError, "head"),  # closed before answering
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly ten..", True, httpx.RemoteProtocolError, "body"),
+    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel", True, httpx.RemoteProtocolError, "body"),
+    (b"NOT HTTP AT ALL\r\n\r\n", False, httpx.RemoteProtocolError, "head"),
+    (b"", False, httpx.ReadTimeout, "head"),  # never answers
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nstalls", False, httpx.ReadTimeout, "body"),
+])
+def test_a_dropped_stalled_or_malformed_answer_is_httpx_s_error(raw, close, error, when):
+    async def scenario():
+        async with Upstream(answer(raw, close=close)) as upstream:
+            transport = Http1Transport()
+            try:
+                response = await transport.handle_async_request(request(upstream.url, timeout=0.3))
+            except httpx.HTTPError as err:
+                return "head", err
+            try:
+                [chunk async for chunk in response.stream]
+            except httpx.HTTPError as err:
+                return "body", err
+            finally:
+                await response.aclose()
+                assert not transport.busy and not any(transport.idle.values())  # closed, never reused
+            return "none", None
+
+    where, err = run(scenario)
+    assert (where, type(err)) == (when, error)
+
+
+def test_an_unreachable_upstream_is_a_connect_error():
+    async def scenario():
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        transport = Http1Transport()
+        with pytest.raises(httpx.ConnectError):
+            await transport.handle_async_request(request(f"http://127.0.0.1:{port}"))
+
+    run(scenario)
+
+
+def test_a_response_closed_before_its_end_closes_its_connection():
+    async def scenario():
+        async with Upstream(answer(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n12345", pause=0.0)) as upstream:
+            transport = Http1Transport()
+            response = await transport.handle_async_request(request(upstream.url))
+            await response.aclose()
+            assert not any(transport.idle.values())
+            await transport.aclose()
+
+    run(scenario)
+
+
+def test_a_large_body_read_slowly_arrives_whole_with_reading_paused():
+    """A body of 8 buffers read slowly: the transport pauses reading instead of holding it all."""
+    size = 8 * READ_BUFFER_BYTES
+    payload = bytes(range(256)) * (size // 256)
+
+    async def scenario():
+        async with Upstream(answer(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + payload)) as upstream:
+            transport = Http1Transport()
+            response = await transport.handle_async_request(request(upstream.url))
+            connection = next(iter(transport.busy))
+            received, most = [], 0
+            async for chunk in response.stream:
+                received.append(chunk)
+                most = max(most, connection.buffered)
+                await asyncio.sleep(0.001)
+            await response.aclose()
+            await transport.aclose()
+            return b"".join(received), most
+
+    body, most = run(scenario)
+    assert body == payload
+    assert most <= READ_BUFFER_BYTES + (1 << 18)  # at most a buffer and the read in flight
+
+
+def test_https_upstreams_are_reached_over_tls_with_the_host_s_name_checked(tmp_path):
+    """A self-signed certificate for 127.0.0.1: trusted, the request goes through; not trusted, a ConnectError."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_side.load_cert_chain(cert, key)
+
+    async def scenario():
+        upstream = Upstream(OK)
+        server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0, ssl=server_side)
+        url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        trusting = Http1Transport(ssl.create_default_context(cafile=str(cert)))
+        try:
+            response, body = await fetch(trusting, request(url))
+            with pytest.raises(httpx.ConnectError):
+                await Http1Transport(ssl.create_default_context()).handle_async_request(request(url))
+        finally:
+            await trusting.aclose()
+            server.close()
+        return response.status_code, body
+
+    assert run(scenario) == (200, b"{}")
