@@ -1,12 +1,12 @@
-"""The proxy's upstream send, CPU per request: `Upstreams.send` (its pools' transports) against the same pools
-behind ``httpx.AsyncClient`` (what the proxy used before, and what a proxy written on httpx would use), side by
-side in one process against the fake upstream in another.
+"""The proxy's upstream send, CPU per request: `Upstreams.send` (one `Http1Transport` to a direct upstream) against
+httpcore's pools sent to directly (what it used before) and the same pools behind ``httpx.AsyncClient`` (what a proxy
+written on httpx would use), side by side in one process against the fake upstream in another.
 
     python -m bench.upstream_send [--requests 1500] [--concurrency 30] [--rounds 5]
 
 Each round sends ``--requests`` chat requests (a 20 KB body) with ``--concurrency`` in flight through each contender
 in turn on uvloop, reading every answer to its end; CPU is this process's (``time.process_time``) over the round.
-Reported: each contender's median of the rounds and the ratio of the medians.
+Reported: each contender's median of the rounds and the ratios of the medians.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from gemkernels.serve.upstreams import UPSTREAM_POOLS, Upstreams
+from gemkernels.serve.upstreams import UPSTREAM_POOLS, Pools, Upstreams
 from gemkernels.testing.fake_upstream import FakeUpstream, free_port
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 20_000}]}).encode()
@@ -62,6 +62,25 @@ class ClientPools:
             await client.aclose()
 
 
+class HttpcorePools:
+    """`UPSTREAM_POOLS` httpcore pools (httpx's transports) sent to directly, as `Upstreams` did before
+    `Http1Transport`."""
+
+    def __init__(self, timeout: float):
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        self.pools = Pools([httpx.AsyncHTTPTransport(limits=limits) for _ in range(UPSTREAM_POOLS)])
+        self.timeout = httpx.Timeout(timeout, connect=10.0).as_dict()
+
+    async def send(self, method: str, url: str, query: str, headers: list[tuple[bytes, bytes]],
+                   content: bytes) -> httpx.Response:
+        return await self.pools.send(httpx.Request(method, url, headers=headers, content=content,
+                                                   extensions={"timeout": self.timeout}))
+
+    async def aclose(self) -> None:
+        for transport in self.pools.transports:
+            await transport.aclose()
+
+
 async def cpu_per_request(send: Callable[..., Awaitable[httpx.Response]], url: str, requests: int,
                           concurrency: int) -> float:
     """Milliseconds of this process's CPU per request, ``requests`` of them ``concurrency`` at a time."""
@@ -83,6 +102,7 @@ async def cpu_per_request(send: Callable[..., Awaitable[httpx.Response]], url: s
 async def round_of(root: str, requests: int, concurrency: int) -> dict[str, float]:
     out = {}
     for name, make in (("httpx.AsyncClient pools", lambda: ClientPools(60.0)),
+                       ("httpcore pools", lambda: HttpcorePools(60.0)),
                        ("Upstreams.send", lambda: Upstreams({"openai": root, "anthropic": root}, 60.0))):
         contender = make()
         out[name] = await cpu_per_request(contender.send, root + "/chat/completions", requests, concurrency)
@@ -117,8 +137,8 @@ def main() -> None:
     print(f"{args.requests} requests, {args.concurrency} in flight, {args.rounds} rounds (ms of CPU a request)")
     for name, median in medians.items():
         print(f"| {name} | {median:.3f} | {' / '.join(f'{r[name]:.3f}' for r in rounds)} |")
-    client, ours = medians.values()
-    print(f"Upstreams.send / httpx.AsyncClient pools: {ours / client:.2f}x")
+    client, pools, ours = medians.values()
+    print(f"Upstreams.send / httpcore pools: {ours / pools:.2f}x; / httpx.AsyncClient pools: {ours / client:.2f}x")
 
 
 if __name__ == "__main__":
