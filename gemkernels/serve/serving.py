@@ -69,6 +69,9 @@ NOT_FORWARDED_STREAMED = NOT_FORWARDED - {b"content-length"}
 #: Answer headers not relayed: hop-by-hop ones, and the upstream's Date and Server, since uvicorn writes its own
 #: (two of each otherwise; nginx's convention too).
 NOT_RELAYED = HOP_BY_HOP - {b"content-length"} | {b"date", b"server"}
+#: A body up to this size, not content-coded, is parsed on the event loop (about 3 ms at most); a larger or coded one
+#: in a thread, so that it does not hold up the other requests (a thread hop costs more than parsing a small body).
+INLINE_PARSE_BYTES = 256 << 10
 #: Request headers that carry a credential, in the order the tenant is read from.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
 #: How long ``/readyz`` waits for the upstream to answer.
@@ -216,9 +219,12 @@ class Proxy:
         """The body to forward, decoded, when compression removed something from ``raw``; else None (``raw`` goes
         out as sent: the reason is in the metrics)."""
         coding = request.headers.get("content-encoding", "")
-        try:  # a large body takes a second to read: off the event loop, so other requests go on meanwhile
-            text, body, layout = await asyncio.to_thread(read_json, raw, coding, api.history,
-                                                         self.config.max_body_bytes)
+        try:  # a large body takes up to a second to read: off the event loop, so other requests go on meanwhile
+            if len(raw) <= INLINE_PARSE_BYTES and not coding:
+                text, body, layout = read_json(raw, coding, api.history, self.config.max_body_bytes)
+            else:
+                text, body, layout = await asyncio.to_thread(read_json, raw, coding, api.history,
+                                                             self.config.max_body_bytes)
         except UndecodableBody as err:
             return self.unchanged(api, "undecodable_body", str(err))
         if body is None:
