@@ -43,6 +43,8 @@ def guard_reason(forwarded: set[int], block_chars: Sequence[int], total: int, de
     """Why forwarding only ``forwarded`` would break the guard (DESIGN.md §2.6): the request would keep less than
     ``1 - delta`` of its ``total`` characters (``block_chars``: each block's), as a saved forwarded set can once the
     client shortens messages outside blocks; or None."""
+    if delta >= 1.0:  # no floor: nothing to add up
+        return None
     kept = total - sum(chars for b, chars in enumerate(block_chars) if b not in forwarded)
     if kept >= (1.0 - delta) * total:
         return None

@@ -25,7 +25,7 @@ WRAPPERS = {"sudo", "env", "time", "nohup", "command", "exec", "nice", "stdbuf",
             "do", "then", "else", "elif", "if", "while", "until", "!", "{"}  # words before the program
 PUNCTUATION = set(";&|<>()\n")
 HEREDOC = re.compile(r"(?<!<)<<(-?)[ \t]*(['\"]?)([A-Za-z_][\w.-]*)\2")
-FD_DUP = re.compile(r"\d*[<>]&(?:\d+|-)")
+FD_DUP = re.compile(r"(?:(?<!\d)\d+)?[<>]&(?:\d+|-)")  # a digit run tried once, from its start (not at each digit)
 FD_NUMBER = re.compile(r"(?<![\w$])\d+(?=>)")
 PYTHON = re.compile(r"^(?:python|pypy)[\d.]*$|^ipython3?$")
 
