@@ -31,14 +31,14 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from websockets.exceptions import InvalidStatus, WebSocketException
 
@@ -168,6 +168,43 @@ def read_json(raw: bytes, coding: str, key: str, limit: int
     text = decoded(raw, coding, limit)
     body, layout = parse_body(text, key) or (json_object(text), None)
     return text, body, layout
+
+
+class RelayedAnswer(Response):
+    """An upstream's answer relayed to the client chunk by chunk as it arrives; ``close`` (the upstream response's)
+    runs when the relay ends, and at once when the client goes away, so that a generation streamed to nobody stops.
+
+    Starlette's ``StreamingResponse`` does the same with an anyio task group per answer: 75 against 22 us of CPU
+    (a ``/tmp`` timing of both over one-chunk answers)."""
+
+    def __init__(self, status_code: int, raw_headers: list[tuple[bytes, bytes]], chunks: AsyncIterator[bytes],
+                 close: Callable[[], Awaitable[None]]):
+        self.status_code, self.raw_headers, self.chunks, self.close = status_code, raw_headers, chunks, close
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        relay = asyncio.ensure_future(self.relay(send))
+        gone = asyncio.ensure_future(client_gone(receive))
+        try:
+            await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            relay.cancel()
+            await self.close()
+        if not relay.cancelled():
+            relay.result()  # the upstream dropped its answer: raised, so the client's is cut off too
+
+    async def relay(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def client_gone(receive: Receive) -> None:
+    """Returns once the client has gone (the request's body was read before the answer began)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class BodyStalled(Exception):
@@ -342,10 +379,8 @@ class Proxy:
                                   f"the upstream could not be reached ({type(err).__name__})")
         if response.status_code >= 500:
             self.metrics.upstream_errors.labels(f"status_{response.status_code}").inc()
-        relayed = StreamingResponse(self.answer(response), status_code=response.status_code,
-                                    background=BackgroundTask(response.aclose))
-        relayed.raw_headers = passed_headers(response.headers.raw, NOT_RELAYED)
-        return relayed
+        return RelayedAnswer(response.status_code, passed_headers(response.headers.raw, NOT_RELAYED),
+                             self.answer(response), response.aclose)
 
     async def answer(self, response: httpx.Response) -> AsyncIterator[bytes]:
         """The upstream's body, chunk by chunk as it arrives (at once from a transport that read it already, as
