@@ -292,3 +292,50 @@ def test_chat_messages_typed_as_responses_items_are_not_paired_as_them(proxy):
     reply = client.post("/v1/chat/completions", content=raw, headers=JSON)
     assert reply.status_code == 200 and received[-1].content == raw
     assert 'gem_passthroughs_total{reason="responses_items"} 1.0' in passthroughs(client)
+
+
+def test_a_client_that_goes_away_mid_stream_closes_the_upstream_s_connection_at_once():
+    """A streamed answer whose client leaves between two events: the proxy closes its upstream connection then (so a
+    generation nobody reads stops), not when the upstream's next event comes."""
+    import socket
+    import threading
+    import time
+
+    pytest.importorskip("uvicorn")
+    from gemkernels.testing.fake_upstream import ServerThread
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    closed_at: list[float] = []
+
+    def upstream() -> None:
+        conn, _ = listener.accept()
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                     b"f\r\ndata: {\"a\":1}\n\n\r\n")
+        conn.settimeout(10)
+        try:
+            while conn.recv(65536):  # the rest of the body, then the proxy's close
+                pass
+        except OSError:
+            pass
+        closed_at.append(time.monotonic())
+        conn.close()
+
+    thread = threading.Thread(target=upstream, daemon=True)
+    thread.start()
+    port = listener.getsockname()[1]
+    server = ServerThread(create_app(ServerConfig(upstream=f"http://127.0.0.1:{port}/v1", preset="core",
+                                                  encoder="hash")))
+    try:
+        with httpx.Client() as client, client.stream("POST", server.url + "/v1/chat/completions",
+                                                     json={"model": "m", "messages": MESSAGES[:4]}) as reply:
+            first = next(reply.iter_raw())
+            left_at = time.monotonic()
+        thread.join(15)
+    finally:
+        server.stop()
+        listener.close()
+    assert first == b'data: {"a":1}\n\n'
+    assert closed_at and closed_at[0] - left_at < 2.0
