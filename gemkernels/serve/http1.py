@@ -27,6 +27,12 @@ import httpx
 
 #: A response body buffered past this many bytes pauses reading from the upstream until the client takes it.
 READ_BUFFER_BYTES = 1 << 20
+#: Each body chunk held counts this much more than its bytes (the object around them), so that an upstream sending
+#: tiny chunks cannot hold many times the buffer in memory before reading pauses.
+CHUNK_OVERHEAD = 64
+#: An answer's status line and headers may take this many bytes at most (httpcore's h11 allowed 100 KiB; llhttp sets
+#: no limit); past it the answer is refused.
+MAX_HEAD_BYTES = 256 << 10
 #: Status codes of interim answers (100 Continue, 102, 103 Early Hints), skipped; 101 is a final answer here.
 INTERIM = frozenset({100, 102, 103})
 
@@ -38,6 +44,7 @@ class Connection(asyncio.Protocol):
         self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.eof = False  # the upstream ended its side
         self.idle_since = 0.0
         self.writable: asyncio.Future[None] | None = None  # set while the transport's write buffer is full
         self.start(head_only=False)
@@ -50,9 +57,11 @@ class Connection(asyncio.Protocol):
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.head_bytes = 0
         self.chunks: collections.deque[bytes] = collections.deque()
-        self.buffered = 0
+        self.buffered = 0  # the chunks' bytes, each with CHUNK_OVERHEAD
         self.complete = False
+        self.past_end = False  # bytes came after the answer's end: ignored, and the connection is not reused
         self.keep = False  # whether the upstream keeps the connection open after this answer
         self.error: Exception | None = None
         self.arrived: asyncio.Future[None] | None = None  # set while the reader waits for body bytes
@@ -68,6 +77,12 @@ class Connection(asyncio.Protocol):
             self.keep = False
             self.close()
             return
+        if not self.head.done():
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self.fail(httpx.RemoteProtocolError(f"the upstream's answer head passed {MAX_HEAD_BYTES} bytes"))
+                self.close()
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # 101 and the upstream's next protocol: the answer ends at its head
@@ -77,14 +92,17 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as err:
             self.fail(httpx.RemoteProtocolError(f"malformed answer from the upstream: {err}"))
             self.close()
+        if self.past_end:
+            self.close()
 
     def eof_received(self) -> bool:
+        self.eof = True  # never reused from now on (connection_lost comes a loop turn later)
         return False  # close the transport: connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if not self.complete:
-            if self.head.done() and not self.has_length():  # a body framed by the end of the connection
+            if self.head.done() and not self.has_length() and exc is None:  # a body framed by the connection's end
                 self.complete, self.keep = True, False
                 self.wake()
             else:
@@ -104,24 +122,27 @@ class Connection(asyncio.Protocol):
 
     # --------------------------------------------------------------- httptools callbacks
 
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second answer to one request: ignored, and the connection is not reused
+            self.past_end, self.keep = True, False
+
     def on_status(self, reason: bytes) -> None:
-        if self.complete:  # a second answer to one request: the connection is not reused
-            self.keep = False
-            return
-        self.reason += reason
+        if not self.past_end and not self.head.done():
+            self.reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self.complete:
+        if not self.past_end and not self.head.done():  # after the head: a chunked body's trailers, dropped
             self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self.past_end or self.head.done():
+            return
         status = self.parser.get_status_code()
         if status in INTERIM:  # its message completes next; the final answer follows on the same connection
             self.reason, self.headers = b"", []
             return
         self.status = status
-        if not self.head.done():
-            self.head.set_result(None)
+        self.head.set_result(None)
         if self.head_only:
             self.complete, self.keep = True, False  # llhttp does not know the request was HEAD: never reused
             self.wake()
@@ -130,14 +151,14 @@ class Connection(asyncio.Protocol):
         if self.complete:
             return
         self.chunks.append(body)
-        self.buffered += len(body)
+        self.buffered += len(body) + CHUNK_OVERHEAD
         if self.buffered > READ_BUFFER_BYTES and not self.reading_paused and self.transport is not None:
             self.transport.pause_reading()
             self.reading_paused = True
         self.wake()
 
     def on_message_complete(self) -> None:
-        if self.status == 0 or self.complete:  # an interim answer, or a HEAD answer already complete
+        if self.status == 0 or self.complete:  # an interim answer, a HEAD answer already complete, or past the end
             return
         self.complete = True
         self.keep = self.parser.should_keep_alive()
@@ -146,20 +167,32 @@ class Connection(asyncio.Protocol):
     # --------------------------------------------------------------- the request's side
 
     def has_length(self) -> bool:
-        """Whether the answer's body is framed by a length or chunks (not by the end of the connection)."""
-        return any(name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self.headers) or \
-            self.status in (204, 304) or self.status < 200
+        """Whether the answer's body is framed by a length or chunks (not by the end of the connection: RFC 9112
+        §6.3, a transfer coding that does not end in chunked included)."""
+        if self.status in (204, 304) or self.status < 200:
+            return True
+        codings = [value.lower() for name, value in self.headers if name.lower() == b"transfer-encoding"]
+        if codings:
+            return b",".join(codings).rsplit(b",", 1)[-1].strip() == b"chunked"
+        return any(name.lower() == b"content-length" for name, _ in self.headers)
 
     def wake(self) -> None:
         if self.arrived is not None and not self.arrived.done():
             self.arrived.set_result(None)
 
     def fail(self, error: Exception) -> None:
+        if self.complete:  # junk after a whole answer: the answer stands, the connection goes
+            self.keep = False
+            return
         self.error = error
         if not self.head.done():
             self.head.set_exception(error)
             self.head.exception()  # retrieved: a failure nobody waits for is not logged as never retrieved
         self.wake()
+
+    def usable(self) -> bool:
+        """Open both ways, as far as this side knows."""
+        return not (self.closed or self.eof or self.transport is None or self.transport.is_closing())
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
@@ -192,7 +225,7 @@ class Connection(asyncio.Protocol):
             finally:
                 self.arrived = None
         chunk = self.chunks.popleft()
-        self.buffered -= len(chunk)
+        self.buffered -= len(chunk) + CHUNK_OVERHEAD
         if self.reading_paused and self.buffered <= READ_BUFFER_BYTES // 2 and self.transport is not None:
             self.transport.resume_reading()
             self.reading_paused = False
@@ -265,7 +298,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if not connection.closed and now - connection.idle_since < self.idle_expiry:
+            if connection.usable() and now - connection.idle_since < self.idle_expiry:
                 return connection
             connection.close()
         return None
@@ -309,8 +342,11 @@ class Http1Transport(httpx.AsyncBaseTransport):
         """``connection`` back among the idle ones (``reuse``) or closed."""
         self.busy.discard(connection)
         idle = self.idle.setdefault(connection.origin, [])
+        now = time.monotonic()
+        while idle and now - idle[0].idle_since >= self.idle_expiry:  # the oldest, which LIFO reuse leaves longest
+            idle.pop(0).close()
         if reuse and len(idle) < self.max_idle:
-            connection.idle_since = time.monotonic()
+            connection.idle_since = now
             idle.append(connection)
         else:
             connection.close()

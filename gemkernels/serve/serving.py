@@ -185,14 +185,20 @@ class RelayedAnswer(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = asyncio.ensure_future(self.relay(send))
         gone = asyncio.ensure_future(client_gone(receive))
+        failed = None
         try:
             await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if relay.done() and not relay.cancelled():
+                failed = relay.exception()
             gone.cancel()
             relay.cancel()
-            await self.close()
-        if not relay.cancelled():
-            relay.result()  # the upstream dropped its answer: raised, so the client's is cut off too
+            try:
+                await self.close()
+            finally:
+                await asyncio.gather(relay, gone, return_exceptions=True)  # both unwound, nothing left unretrieved
+        if failed is not None:
+            raise failed  # the upstream dropped its answer: the client's is cut off too
 
     async def relay(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})

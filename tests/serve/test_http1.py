@@ -13,7 +13,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("httptools")
 
-from gemkernels.serve.http1 import READ_BUFFER_BYTES, Http1Transport  # noqa: E402
+from gemkernels.serve.http1 import MAX_HEAD_BYTES, READ_BUFFER_BYTES, Http1Transport  # noqa: E402
 
 #: What the upstream does with one request: given its head and body, the writer to answer on.
 Answer = Callable[[bytes, bytes, asyncio.StreamWriter], Awaitable[None]]
@@ -272,11 +272,178 @@ def test_a_response_closed_before_its_end_closes_its_connection():
         async with Upstream(answer(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n12345", pause=0.0)) as upstream:
             transport = Http1Transport()
             response = await transport.handle_async_request(request(upstream.url))
+            connection = next(iter(transport.busy))
             await response.aclose()
-            assert not any(transport.idle.values())
+            assert connection.closed and not transport.busy and not any(transport.idle.values())
             await transport.aclose()
 
     run(scenario)
+
+
+@pytest.mark.parametrize("stage", ["head", "body-write"])
+def test_a_request_cancelled_while_it_waits_closes_its_connection(stage):
+    """The client left while the request was written (an upstream that reads nothing) or its answer awaited."""
+    async def scenario():
+        async def never(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(30)
+
+        async with Upstream(never) as upstream:
+            transport = Http1Transport()
+            if stage == "head":
+                req = request(upstream.url)
+            else:  # the upstream reads the head, then nothing: 64 MiB fill both sockets' buffers
+                req = request(upstream.url, content=b"x" * (64 << 20), headers=[(b"content-length", b"1")])
+            task = asyncio.ensure_future(transport.handle_async_request(req))
+            await asyncio.sleep(0.3)
+            connections = list(transport.busy)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return [c.closed for c in connections], transport.busy, any(transport.idle.values())
+
+    closed, busy, idle = run(scenario)
+    assert closed == [True] and not busy and not idle
+
+
+def test_a_body_the_upstream_does_not_read_is_a_write_timeout():
+    async def scenario():
+        async def never(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(30)
+
+        async with Upstream(never) as upstream:
+            transport = Http1Transport()
+            req = request(upstream.url, content=b"x" * (64 << 20), headers=[(b"content-length", b"1")], timeout=0.5)
+            with pytest.raises(httpx.WriteTimeout):
+                await transport.handle_async_request(req)
+            assert not transport.busy
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("extra", [b"HTTP/1.1 500\r\ncontent-length: 0\r\n\r\n", b"HTTP/1.1 100 Continue\r\n\r\n",
+                                   b"HTTP/1.1 2", b"\x00junk"])
+def test_bytes_after_the_answer_neither_change_it_nor_let_its_connection_be_reused(extra):
+    async def scenario():
+        first = answer(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}" + extra)
+        async with Upstream(first, OK) as upstream:
+            transport = Http1Transport()
+            response, body = await fetch(transport, request(upstream.url))
+            await fetch(transport, request(upstream.url))
+            await transport.aclose()
+            return response, body, upstream.connections
+
+    response, body, connections = run(scenario)
+    assert (response.status_code, response.headers.raw, response.extensions["reason_phrase"], body) == (
+        200, [(b"content-type", b"application/json"), (b"content-length", b"2")], b"OK", b"{}")
+    assert connections == 2
+
+
+def test_trailers_are_not_taken_for_headers():
+    raw = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-trailer: t\r\n"
+           b"content-type: text/evil\r\n\r\n")
+
+    async def scenario():
+        async with Upstream(answer(raw)) as upstream:
+            transport = Http1Transport()
+            response, body = await fetch(transport, request(upstream.url))
+            await transport.aclose()
+            return response.headers.raw, body
+
+    assert run(scenario) == ([(b"transfer-encoding", b"chunked")], b"{}")
+
+
+def test_a_body_framed_by_the_connection_s_end_cut_by_a_reset_is_a_read_error():
+    import socket
+    import struct
+
+    async def reset(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\npartial")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    async def scenario():
+        async with Upstream(reset) as upstream:
+            response = await Http1Transport().handle_async_request(request(upstream.url))
+            try:
+                [chunk async for chunk in response.stream]
+            except httpx.ReadError:
+                return "error"
+            finally:
+                await response.aclose()
+            return "complete"
+
+    assert run(scenario) == "error"
+
+
+def test_a_transfer_coding_not_ending_in_chunked_is_read_to_the_connection_s_end():
+    async def scenario():
+        async with Upstream(answer(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nsome bytes", close=True)) as up:
+            transport = Http1Transport()
+            _, body = await fetch(transport, request(up.url))
+            await transport.aclose()
+            return body
+
+    assert run(scenario) == b"some bytes"
+
+
+def test_an_answer_head_past_its_limit_is_refused():
+    head = b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * MAX_HEAD_BYTES + b"\r\ncontent-length: 0\r\n\r\n"
+
+    async def scenario():
+        async with Upstream(answer(head)) as upstream:
+            transport = Http1Transport()
+            with pytest.raises(httpx.RemoteProtocolError, match="head"):
+                await transport.handle_async_request(request(upstream.url))
+            assert not transport.busy
+
+    run(scenario)
+
+
+def test_tiny_chunks_count_what_they_hold():
+    """A body of one-byte chunks, read slowly: reading pauses after about a buffer's worth of chunk objects."""
+    count = 200_000
+
+    async def scenario():
+        raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"1\r\nx\r\n" * count + b"0\r\n\r\n"
+        async with Upstream(answer(raw)) as upstream:
+            transport = Http1Transport()
+            response = await transport.handle_async_request(request(upstream.url))
+            connection = next(iter(transport.busy))
+            most, total = 0, 0
+            async for chunk in response.stream:
+                most = max(most, len(connection.chunks))
+                total += len(chunk)
+                if total % 2000 == 0:
+                    await asyncio.sleep(0.001)
+            await response.aclose()
+            await transport.aclose()
+            return total, most
+
+    total, most = run(scenario)
+    assert total == count
+    # a buffer's worth (READ_BUFFER_BYTES // (1 + CHUNK_OVERHEAD): 16k chunks) and what one read parses (~35k);
+    # counted by their bytes alone, all 200k would be held
+    assert most <= 100_000
+
+
+def test_idle_connections_the_upstream_ended_or_that_expired_are_not_reused():
+    async def scenario():
+        async with Upstream(OK) as upstream:
+            transport = Http1Transport(idle_expiry=0.2)
+            await fetch(transport, request(upstream.url))
+            (connection,) = [c for idle in transport.idle.values() for c in idle]
+            connection.eof_received()  # the upstream's FIN seen, its connection_lost not yet run
+            await fetch(transport, request(upstream.url))
+            (second,) = [c for idle in transport.idle.values() for c in idle]
+            await asyncio.sleep(0.3)
+            await fetch(transport, request(upstream.url))
+            await asyncio.sleep(0)
+            await transport.aclose()
+            return connection is not second, second.closed, upstream.connections
+
+    assert run(scenario) == (True, True, 3)
 
 
 def test_a_large_body_read_slowly_arrives_whole_with_reading_paused():

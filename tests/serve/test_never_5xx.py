@@ -5,6 +5,7 @@ added to what the client sent (the ASGI app in process, the upstream an httpx Mo
 from __future__ import annotations
 
 import json
+import logging
 
 import anyio
 import pytest
@@ -328,6 +329,10 @@ def test_a_client_that_goes_away_mid_stream_closes_the_upstream_s_connection_at_
     port = listener.getsockname()[1]
     server = ServerThread(create_app(ServerConfig(upstream=f"http://127.0.0.1:{port}/v1", preset="core",
                                                   encoder="hash")))
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append  # uvicorn's loggers do not reach the root logger (caplog)
+    logging.getLogger("uvicorn.error").addHandler(handler)
     try:
         with httpx.Client() as client, client.stream("POST", server.url + "/v1/chat/completions",
                                                      json={"model": "m", "messages": MESSAGES[:4]}) as reply:
@@ -337,5 +342,41 @@ def test_a_client_that_goes_away_mid_stream_closes_the_upstream_s_connection_at_
     finally:
         server.stop()
         listener.close()
+        logging.getLogger("uvicorn.error").removeHandler(handler)
     assert first == b'data: {"a":1}\n\n'
     assert closed_at and closed_at[0] - left_at < 2.0
+    assert not errors, [record.getMessage() for record in errors]
+
+
+def test_a_relay_whose_client_leaves_ends_without_an_error_and_closes_the_upstream_answer():
+    """The client leaves while the relay waits for the upstream's next chunk: the relay ends quietly (no error for
+    uvicorn to log) and the upstream's answer is closed once."""
+    import asyncio
+
+    from gemkernels.serve.serving import RelayedAnswer
+
+    async def scenario() -> tuple[list[bool], list[dict]]:
+        closed: list[bool] = []
+        sent: list[dict] = []
+
+        async def chunks():
+            yield b"first"
+            await asyncio.sleep(10)
+            yield b"never"
+
+        async def close() -> None:
+            closed.append(True)
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        async def receive() -> dict:
+            await asyncio.sleep(0.05)
+            return {"type": "http.disconnect"}
+
+        await RelayedAnswer(200, [], chunks(), close)({"type": "http"}, receive, send)
+        return closed, sent
+
+    closed, sent = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert closed == [True]
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
