@@ -17,7 +17,7 @@ from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.cli.settings import SettingsError, defer_defaults, resolve
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
 from gemkernels.compress.encoders import ENCODER_HELP
-from gemkernels.serve.config import ServerConfig
+from gemkernels.serve.config import ServerConfig, default_threads
 from gemkernels.serve.connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_KEEP_ALIVE_TIMEOUT
 
 
@@ -45,7 +45,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="batching wait (default %(default)s ms)")
     p.add_argument("--max-batch", type=int, default=64, help="default %(default)s")
-    p.add_argument("--threads", type=int, default=8, help="compression threads per worker (default %(default)s)")
+    p.add_argument("--threads", type=int, default=default_threads(),
+                   help="compression threads per worker (default: this machine's cores, 2 to 8: %(default)s)")
     p.add_argument("--workers", type=int, default=1,
                    help="server processes on the one port; more than one needs a shared --store (default "
                         "%(default)s)")

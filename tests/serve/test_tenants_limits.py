@@ -106,3 +106,15 @@ def test_credentials_in_query_strings_are_redacted_from_the_access_log():
     assert QueryCredentialFilter().filter(record)
     line = record.getMessage()
     assert "AIzaSECRET" not in line and "key=[redacted]" in line and "alt=sse" in line
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 2), (2, 2), (4, 4), (8, 8), (64, 8)])
+def test_compression_threads_default_to_the_cores_from_2_to_8(monkeypatch, cores, threads):
+    """Past the cores, threads only add GIL hand-offs to CPU-bound compression; below 2, one long request would hold
+    up every other."""
+    import os
+
+    from gemkernels.serve.config import ServerConfig
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert ServerConfig(upstream="http://u").threads == threads
