@@ -33,8 +33,6 @@ CHUNK_OVERHEAD = 64
 #: An answer's status line and headers may take this many bytes at most (httpcore's h11 allowed 100 KiB; llhttp sets
 #: no limit); past it the answer is refused.
 MAX_HEAD_BYTES = 256 << 10
-#: Status codes of interim answers (100 Continue, 102, 103 Early Hints), skipped; 101 is a final answer here.
-INTERIM = frozenset({100, 102, 103})
 
 
 class Connection(asyncio.Protocol):
@@ -58,6 +56,7 @@ class Connection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.head_bytes = 0
+        self.head_size = 0
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0  # the chunks' bytes, each with CHUNK_OVERHEAD
         self.complete = False
@@ -77,12 +76,9 @@ class Connection(asyncio.Protocol):
             self.keep = False
             self.close()
             return
-        if not self.head.done():
+        counting = not self.head.done()
+        if counting:
             self.head_bytes += len(data)
-            if self.head_bytes > MAX_HEAD_BYTES:
-                self.fail(httpx.RemoteProtocolError(f"the upstream's answer head passed {MAX_HEAD_BYTES} bytes"))
-                self.close()
-                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # 101 and the upstream's next protocol: the answer ends at its head
@@ -91,6 +87,9 @@ class Connection(asyncio.Protocol):
             self.wake()
         except httptools.HttpParserError as err:
             self.fail(httpx.RemoteProtocolError(f"malformed answer from the upstream: {err}"))
+            self.close()
+        if counting and not self.head.done() and MAX_HEAD_BYTES < max(self.head_bytes, self.head_size):
+            self.fail(httpx.RemoteProtocolError(f"the upstream's answer head passed {MAX_HEAD_BYTES} bytes"))
             self.close()
         if self.past_end:
             self.close()
@@ -111,6 +110,7 @@ class Connection(asyncio.Protocol):
                           if exc is None else httpx.ReadError(str(exc) or type(exc).__name__))
         if self.writable is not None and not self.writable.done():
             self.writable.set_exception(httpx.WriteError("the upstream closed the connection"))
+            self.writable.exception()  # retrieved: its waiter may have timed out or been cancelled
 
     def pause_writing(self) -> None:
         self.writable = asyncio.get_running_loop().create_future()
@@ -138,8 +138,11 @@ class Connection(asyncio.Protocol):
         if self.past_end or self.head.done():
             return
         status = self.parser.get_status_code()
-        if status in INTERIM:  # its message completes next; the final answer follows on the same connection
+        if 100 <= status < 200 and status != 101:  # interim (RFC 9110 §15.2, unknown ones too): the final answer follows
             self.reason, self.headers = b"", []
+            return
+        self.head_size = 17 + len(self.reason) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if self.head_size > MAX_HEAD_BYTES:  # refused once the read is parsed (data_received)
             return
         self.status = status
         self.head.set_result(None)
@@ -195,8 +198,13 @@ class Connection(asyncio.Protocol):
         return not (self.closed or self.eof or self.transport is None or self.transport.is_closing())
 
     def close(self) -> None:
+        if not self.complete and self.error is None:  # cut by this side: never reported whole
+            self.fail(httpx.ReadError("the connection was closed before the answer was complete"))
         if self.transport is not None and not self.closed:
-            self.transport.close()
+            if self.complete and not self.transport.get_write_buffer_size():
+                self.transport.close()
+            else:  # close() would go on sending the unsent request bytes, holding the socket until they are taken
+                self.transport.abort()
         self.closed = True
 
     async def write(self, data: bytes, timeout: float | None) -> None:
@@ -280,7 +288,10 @@ class Http1Transport(httpx.AsyncBaseTransport):
         head_only = request.method == "HEAD"
         connection.start(head_only)
         try:
-            await self.send_request(connection, request, timeouts.get("write"))
+            try:
+                await self.send_request(connection, request, timeouts.get("write"))
+            except httpx.WriteError:  # the upstream may have answered before it closed (an early 401, 413): that
+                pass  # answer stands, as in httpcore; else the head fails with the connection's error
             try:
                 await asyncio.wait_for(asyncio.shield(connection.head), timeouts.get("read"))
             except asyncio.TimeoutError:

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
@@ -377,6 +377,8 @@ class Proxy:
                                   f"the upstream did not answer in time ({type(err).__name__})")
         except BodyStalled as err:  # a relayed upload that stopped sending
             return body_unread(408, "request_timeout", f"{err} (gem serve --body-timeout)")
+        except ClientDisconnect:  # the client left during its relayed upload: nobody reads an answer
+            return body_unread(400, "client_disconnected", "the client left before its request body was sent")
         except httpx.InvalidURL as err:  # not an HTTPError: a URL httpx will not send (past 64 KiB, say)
             return error_response(400, "invalid_request_url", f"the request URL cannot be forwarded ({err})")
         except httpx.HTTPError as err:

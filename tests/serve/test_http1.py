@@ -6,6 +6,7 @@ stalled or malformed answer as httpx's errors; back-pressure on a large body."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("httptools")
 
-from gemkernels.serve.http1 import MAX_HEAD_BYTES, READ_BUFFER_BYTES, Http1Transport  # noqa: E402
+from gemkernels.serve.http1 import MAX_HEAD_BYTES, READ_BUFFER_BYTES, Connection, Http1Transport  # noqa: E402
 
 #: What the upstream does with one request: given its head and body, the writer to answer on.
 Answer = Callable[[bytes, bytes, asyncio.StreamWriter], Awaitable[None]]
@@ -500,3 +501,118 @@ def test_https_upstreams_are_reached_over_tls_with_the_host_s_name_checked(tmp_p
         return response.status_code, body
 
     assert run(scenario) == (200, b"{}")
+
+def test_a_request_given_up_on_mid_write_stops_sending_its_body():
+    """WriteTimeout (a 504 to the client): the rest of the body must not reach the upstream afterwards."""
+    size = 32 << 20
+
+    async def scenario():
+        upstream = Upstream(OK)
+
+        async def late(reader, writer):  # reads nothing for a second, then the request
+            await asyncio.sleep(1.0)
+            await upstream.serve(reader, writer)
+
+        server = await asyncio.start_server(late, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        transport = Http1Transport()
+        with pytest.raises(httpx.WriteTimeout):
+            await transport.handle_async_request(request(url, content=b"x" * size, timeout=0.3))
+        await asyncio.sleep(2.0)
+        server.close()
+        return [len(body) for _, body in upstream.requests]
+
+    assert run(scenario) == []  # the body's rest never reaches the upstream once the proxy gave up on it
+
+
+def test_a_write_given_up_on_leaves_no_unretrieved_error():
+    async def scenario():
+        contexts = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: contexts.append(context))
+
+        async def reset_soon(reader, writer):
+            await asyncio.sleep(0.5)
+            writer.transport.abort()
+
+        server = await asyncio.start_server(reset_soon, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        transport = Http1Transport()
+        with pytest.raises(httpx.WriteTimeout):
+            await transport.handle_async_request(
+                request(url, content=b"x" * (64 << 20), headers=[(b"content-length", b"1")], timeout=0.2))
+        await asyncio.sleep(1.0)
+        gc.collect()
+        server.close()
+        return [context.get("message") for context in contexts]
+
+    assert run(scenario) == []
+
+
+def test_an_answer_sent_before_the_upstream_closed_on_an_unread_body_is_returned():
+    async def early(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.read(65536)
+        writer.write(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 7\r\nconnection: close\r\n\r\nno key!")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(early, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        transport = Http1Transport()
+        try:
+            response, body = await fetch(transport, request(url, content=b"x" * (16 << 20)))
+        finally:
+            server.close()
+        return response.status_code, body
+
+    assert run(scenario) == (401, b"no key!")  # the upstream's answer, not a 502
+
+
+def test_body_bytes_read_with_the_end_of_a_split_head_are_not_counted_as_head():
+    async def scenario():
+        connection = Connection((b"http", b"upstream", 80))
+        rest = b"content-length: 300000\r\n\r\n"
+        connection.data_received(b"HTTP/1.1 200 OK\r\n")  # the status line alone in one read
+        connection.data_received(rest + b"x" * (262144 - len(rest)))  # one 256 KiB read (asyncio's recv size)
+        return connection.head.done() and connection.head.exception() is None, connection.status
+
+    assert run(scenario) == (True, 200)
+
+
+def test_an_unknown_1xx_is_interim():
+    async def scenario():
+        async with Upstream(answer(b"HTTP/1.1 104 Upload Resumption Supported\r\n\r\n"
+                                   b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")) as upstream:
+            transport = Http1Transport()
+            response, body = await fetch(transport, request(upstream.url))
+            await transport.aclose()
+            return response.status_code, body
+
+    assert run(scenario) == (200, b"ok")
+
+
+def test_a_body_framed_by_the_connection_s_end_cut_by_our_own_close_is_an_error():
+    async def slow(head, body, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\npart one;")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async def scenario():
+        async with Upstream(slow) as upstream:
+            transport = Http1Transport()
+            response = await transport.handle_async_request(request(upstream.url))
+
+            async def read():
+                try:
+                    return b"".join([chunk async for chunk in response.stream])
+                except httpx.HTTPError as err:
+                    return type(err)
+
+            reader = asyncio.ensure_future(read())
+            await asyncio.sleep(0.2)
+            await transport.aclose()  # shutdown while the body streams
+            return await reader
+
+    assert run(scenario) is httpx.ReadError  # a cut body is never reported whole

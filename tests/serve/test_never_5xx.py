@@ -380,3 +380,38 @@ def test_a_relay_whose_client_leaves_ends_without_an_error_and_closes_the_upstre
     closed, sent = asyncio.run(asyncio.wait_for(scenario(), 5))
     assert closed == [True]
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+
+
+def test_a_client_that_leaves_during_a_relayed_upload_is_not_a_500():
+    """The client sends part of a relayed body, then goes: the upstream's connection is dropped and the app ends
+    without an error (it raised Starlette's ClientDisconnect, a 500 and a logged traceback)."""
+    import asyncio
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        request.read()
+        return httpx.Response(200)
+
+    app = create_app(ServerConfig(upstream="http://upstream/v1", preset="core", encoder="hash"),
+                     transport=httpx.MockTransport(upstream))
+
+    async def scenario() -> list[dict]:
+        sent: list[dict] = []
+        events = iter([{"type": "http.request", "body": b"x" * 10, "more_body": True}, {"type": "http.disconnect"}])
+
+        async def receive() -> dict:
+            return next(events, {"type": "http.disconnect"})
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 "method": "POST", "scheme": "http", "path": "/v1/files", "raw_path": b"/v1/files", "query_string": b"",
+                 "root_path": "", "headers": [(b"content-length", b"100"), (b"host", b"proxy")],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8088), "app": app}
+        lifespan = TestClient(app)
+        with lifespan:
+            await app(scope, receive, send)
+        return sent
+
+    sent = asyncio.run(scenario())
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] < 500
