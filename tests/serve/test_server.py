@@ -55,7 +55,8 @@ def upstream():
 @pytest.fixture(scope="module")
 def proxy(upstream):
     config = ServerConfig(upstream=upstream[1] + "/v1", encoder="hash", timeout=1.0, max_wait=0.005,
-                          encode_budget=30.0)  # compression must not depend on how loaded the machine is
+                          encode_budget=30.0,  # compression must not depend on how loaded the machine is
+                          threads=8)  # concurrent compressions to batch, as a GPU server runs them (not the cores)
     app = create_app(config)
     server = ServerThread(app, graceful_s=10)
     yield server.url
