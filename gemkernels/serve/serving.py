@@ -180,7 +180,6 @@ class RelayedAnswer(Response):
     def __init__(self, status_code: int, raw_headers: list[tuple[bytes, bytes]], chunks: AsyncIterator[bytes],
                  close: Callable[[], Awaitable[None]]):
         self.status_code, self.raw_headers, self.chunks, self.close = status_code, raw_headers, chunks, close
-        self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = asyncio.ensure_future(self.relay(send))
@@ -262,12 +261,10 @@ class Proxy:
         """The body to forward, decoded, when compression removed something from ``raw``; else None (``raw`` goes
         out as sent: the reason is in the metrics)."""
         coding = request.headers.get("content-encoding", "")
+        reading = (raw, coding, api.history, self.config.max_body_bytes)
         try:  # a large body takes up to a second to read: off the event loop, so other requests go on meanwhile
-            if len(raw) <= INLINE_PARSE_BYTES and not coding:
-                text, body, layout = read_json(raw, coding, api.history, self.config.max_body_bytes)
-            else:
-                text, body, layout = await asyncio.to_thread(read_json, raw, coding, api.history,
-                                                             self.config.max_body_bytes)
+            inline = len(raw) <= INLINE_PARSE_BYTES and not coding
+            text, body, layout = read_json(*reading) if inline else await asyncio.to_thread(read_json, *reading)
         except UndecodableBody as err:
             return self.unchanged(api, "undecodable_body", str(err))
         if body is None:

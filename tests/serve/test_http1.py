@@ -99,6 +99,19 @@ def run(scenario: Callable[[], Awaitable[object]]) -> object:
     return asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
+def fetched_in_turn(upstream_answer: Answer, count: int) -> tuple[list[bytes], int]:
+    """``count`` requests one after another through one transport to an upstream answering each with
+    ``upstream_answer``: their bodies, and how many connections the upstream accepted."""
+    async def scenario() -> tuple[list[bytes], int]:
+        async with Upstream(upstream_answer) as upstream:
+            transport = Http1Transport()
+            bodies = [(await fetch(transport, request(upstream.url)))[1] for _ in range(count)]
+            await transport.aclose()
+            return bodies, upstream.connections
+
+    return run(scenario)
+
+
 @pytest.mark.parametrize("raw, expected", [
     (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", b"hello"),
     (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n", b"hello"),
@@ -106,27 +119,12 @@ def run(scenario: Callable[[], Awaitable[object]]) -> object:
      b"f\r\ndata: {\"a\":1}\n\n\r\n0\r\n\r\n", b'data: {"a":1}\n\n'),
 ])
 def test_bodies_framed_by_length_or_chunks_arrive_whole_and_the_connection_is_reused(raw, expected):
-    async def scenario():
-        async with Upstream(answer(raw)) as upstream:
-            transport = Http1Transport()
-            bodies = [(await fetch(transport, request(upstream.url)))[1] for _ in range(3)]
-            await transport.aclose()
-            return bodies, upstream.connections
-
-    bodies, connections = run(scenario)
-    assert bodies == [expected] * 3
-    assert connections == 1
+    assert fetched_in_turn(answer(raw), 3) == ([expected] * 3, 1)
 
 
 def test_a_body_framed_by_the_end_of_the_connection_arrives_whole_and_it_is_not_reused():
-    async def scenario():
-        async with Upstream(answer(b"HTTP/1.1 200 OK\r\n\r\nuntil the end", close=True)) as upstream:
-            transport = Http1Transport()
-            bodies = [(await fetch(transport, request(upstream.url)))[1] for _ in range(2)]
-            await transport.aclose()
-            return bodies, upstream.connections
-
-    assert run(scenario) == ([b"until the end"] * 2, 2)
+    assert fetched_in_turn(answer(b"HTTP/1.1 200 OK\r\n\r\nuntil the end", close=True), 2) == (
+        [b"until the end"] * 2, 2)
 
 
 @pytest.mark.parametrize("raw", [
@@ -135,14 +133,7 @@ def test_a_body_framed_by_the_end_of_the_connection_arrives_whole_and_it_is_not_
 ])
 def test_an_answer_that_ends_the_connection_is_not_reused(raw):
     """The upstream says the connection ends but leaves it open (it would read another request): not reused."""
-    async def scenario():
-        async with Upstream(answer(raw)) as upstream:
-            transport = Http1Transport()
-            bodies = [(await fetch(transport, request(upstream.url)))[1] for _ in range(2)]
-            await transport.aclose()
-            return bodies, upstream.connections
-
-    assert run(scenario) == ([b"{}"] * 2, 2)
+    assert fetched_in_turn(answer(raw), 2) == ([b"{}"] * 2, 2)
 
 
 def test_an_idle_connection_the_upstream_closed_is_not_reused():
