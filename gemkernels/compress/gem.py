@@ -30,8 +30,10 @@ from gemkernels.compress.policy import (
     ceiling_drops,
     could_repay,
     guard_reason,
+    least_core_tokens,
     repay_reason,
     reselection_reason,
+    rewrite_core,
 )
 from gemkernels.compress.references import EMPTY, HeldIndex, Lexicon, block_lexicon
 from gemkernels.compress.representation import block_text
@@ -299,7 +301,8 @@ class GEM:
             return self._rewrite(columns, block_chars, seeds, chars_before, task_embedding)
 
         rewrite: tuple[set[int], list[int], float | None] | None = None
-        if reason is None and cfg.repay_factor is not None and could_repay(appended, seeds, sizes, cfg):
+        if reason is None and cfg.repay_factor is not None and could_repay(
+                appended, least_core_tokens(sizes, seeds, self._eligible(columns), cfg), sizes, cfg):
             rewrite = rewritten()
             reason = repay_reason(appended, rewrite[0], sizes, cfg)
         core: list[int] = []
@@ -395,6 +398,13 @@ class GEM:
         note = f"; {len(dropped)} more blocks dropped to fit max_forward_tokens {ceiling}"
         return forwarded - set(dropped), reason + note
 
+    def _eligible(self, columns: BlockColumns) -> np.ndarray | None:
+        """Which blocks a rewrite may rank after the protected ones: those no newer block supersedes with
+        ``drop_superseded``, else all (None)."""
+        if not self.config.drop_superseded:
+            return None
+        return ~superseded([info.signature for info in columns.infos])
+
     def _rewrite(self, columns: BlockColumns, block_chars: Sequence[int], seeds: list[int], total_chars: int,
                  task_embedding: np.ndarray | None) -> tuple[set[int], list[int], float | None]:
         """A global selection: (blocks to forward, selected core, its coverage; None unless geometry ranks). The
@@ -403,9 +413,7 @@ class GEM:
         the forwarding guard then drops blocks outside it, larger first."""
         cfg, embeddings, sizes = self.config, columns.embeddings, columns.sizes
         n, signatures = len(sizes), [info.signature for info in columns.infos]
-        eligible = None
-        if cfg.drop_superseded:
-            eligible = ~superseded(signatures)
+        eligible = self._eligible(columns)
         if cfg.ranking != "geometry":
             if cfg.ranking == "router":
                 scores = load_router(cfg.router).scores(request_features(
@@ -419,15 +427,7 @@ class GEM:
             sel = self.select_fn(embeddings, protected=seeds, eligible=eligible, tau=cfg.tau,
                                  k=n if cfg.keep_recent_size else cfg.k, eps=cfg.eps, backend=cfg.backend)
             order, coverage, num_protected = to_numpy(sel.indices).tolist(), sel.coverage, sel.num_protected
-        if cfg.keep_recent_size:
-            core = order[:num_protected]
-            room = sum(sizes[max(0, n - cfg.k):]) - sum(sizes[b] for b in core)
-            for b in order[num_protected:]:
-                if sizes[b] <= room:
-                    core.append(b)
-                    room -= sizes[b]
-        else:
-            core = order[:max(cfg.k, num_protected)]
+        core = rewrite_core(order, num_protected, sizes, cfg)
         removable = sorted(set(range(n)).difference(core))
         dropped = set(guarded_removals(block_chars, removable, total_chars, cfg.delta))
         return set(range(n)) - dropped, core, coverage

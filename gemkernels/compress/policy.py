@@ -7,6 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from gemkernels.compress.config import GEMConfig
 from gemkernels.compress.sessions import SessionState
 
@@ -95,17 +97,68 @@ def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: 
             f"{cost.miss:.0f} once; {dropped} tokens dropped per call, past the renewal gap of {cost.gap:.0f}")
 
 
-def could_repay(appended: set[int], protected: Sequence[int], sizes: Sequence[int], cfg: GEMConfig) -> bool:
-    """Whether some rewrite that keeps ``protected`` could pass `repay_reason`, so that the selection runs only
-    when a rewrite might be due: the saving is at most F minus the protected tokens, and a rewrite that saves
-    anything drops a block older than the newest ``evidence.recent`` ones (those are protected), so it re-sends
-    at least their tokens (the saving grows with the tokens dropped, the miss and the gap with those re-sent)."""
+def could_repay(appended: set[int], least_kept: int, sizes: Sequence[int], cfg: GEMConfig) -> bool:
+    """Whether some rewrite that keeps the newest ``evidence.recent`` blocks and at least ``least_kept`` tokens
+    (`least_core_tokens`) could pass `repay_reason`, so that the selection runs only when a rewrite might be due.
+
+    For each block f older than the newest that could be the rewrite's first change: the blocks before f are
+    forwarded as appended, so the rewrite drops D = A(>= f) - K(>= f) tokens and re-sends K(>= f), the kept tokens
+    from f on, which are at least the newest blocks' and at least ``least_kept`` - A(< f). The saving grows with D,
+    the miss and the gap with what is re-sent: if no f repays with the fewest re-sent, no rewrite can (DESIGN.md
+    §4). (A first change among the newest blocks, all kept, drops nothing.)"""
     if cfg.repay_factor is None or not sizes:
         return False
-    n = len(sizes)
-    most_dropped = sum(sizes[b] for b in appended) - sum(sizes[b] for b in set(protected))
-    least_resent = sum(sizes[b] for b in range(max(0, n - cfg.evidence.recent), n))
-    return rewrite_cost(most_dropped, least_resent, sizes, cfg).repays
+    newest = max(0, len(sizes) - cfg.evidence.recent)
+    resent_newest = sum(sizes[newest:])
+    before, after = 0, sum(sizes[b] for b in appended)  # A(< f), A(>= f)
+    for f in range(newest):
+        resent = max(resent_newest, least_kept - before)
+        if rewrite_cost(after - resent, resent, sizes, cfg).repays:
+            return True
+        if f in appended:
+            before += sizes[f]
+            after -= sizes[f]
+    return False
+
+
+def rewrite_core(order: Sequence[int], num_protected: int, sizes: Sequence[int], cfg: GEMConfig) -> list[int]:
+    """The core a rewrite keeps from a ranking ``order`` whose first ``num_protected`` blocks are the protected
+    ones: with ``keep_recent_size``, those, then each next block that still fits the tokens of the newest ``k``
+    blocks; else the first ``max(k, num_protected)``."""
+    if not cfg.keep_recent_size:
+        return list(order[:max(cfg.k, num_protected)])
+    core = list(order[:num_protected])
+    room = sum(sizes[max(0, len(sizes) - cfg.k):]) - sum(sizes[b] for b in core)
+    for b in order[num_protected:]:
+        if sizes[b] <= room:
+            core.append(b)
+            room -= sizes[b]
+    return core
+
+
+def least_core_tokens(sizes: Sequence[int], seeds: Sequence[int], eligible: np.ndarray | None,
+                      cfg: GEMConfig) -> int:
+    """The fewest tokens `rewrite_core` can keep whatever the ranking, known before one runs: the protected
+    ``seeds``', plus, when every ``eligible`` block is ranked (router or retrieval ranking; a geometric selection may
+    stop at tau after the seeds), what its fill cannot leave out (DESIGN.md §4)."""
+    protected = set(seeds)
+    least = sum(sizes[b] for b in protected)
+    if cfg.ranking == "geometry":
+        return least
+    others = sorted(sizes[b] for b in range(len(sizes)) if b not in protected and (eligible is None or eligible[b]))
+    if not cfg.keep_recent_size:  # the k first hold at least the smallest candidates
+        return least + sum(others[:max(0, cfg.k - len(protected))])
+    room = sum(sizes[max(0, len(sizes) - cfg.k):]) - least
+    if room <= 0 or sum(others) <= room:  # nothing fits, or everything does
+        return least + (sum(others) if room > 0 else 0)
+    # Some candidate was passed over, larger than the room r the fill leaves; every candidate no larger than r fit
+    # when it came (the room only shrinks), so r + their tokens <= room. The largest such r bounds what is left.
+    most_left, taken, below = 0, 0, 0
+    for size in others:  # ascending: r in [below, size) leaves the candidates before this one taken
+        if room - taken >= below:
+            most_left = max(most_left, min(size, room - taken))
+        taken, below = taken + size, size
+    return least + room - most_left
 
 
 def renewal_gap(resent: float, per_call: float, cached_price: float, uncached_price: float = 1.0) -> float:

@@ -24,8 +24,10 @@ EXTENSIONS = ("py|pyi|pyx|ipynb|c|h|cc|cpp|hpp|go|rs|java|kt|js|jsx|ts|tsx|rb|ph
 PATH = re.compile(rf"(?<![\w.:/-])(?:\.{{0,2}}/)?(?:[\w.-]+/)+[\w.-]*\w|(?<![\w./-])[\w-]+\.(?:{EXTENSIONS})\b")
 PATH_RUN = re.compile(r"(?<![\w./-])[\w-]*[./]")  # a run of PATH's characters, up to its first '.' or '/'
 QUOTED = re.compile(r"'([^'\n]{3,200})'|\"((?:\\.|[^\"\\\n]){3,200})\"")
-IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
-NUMBER = re.compile(r"(?<![\w.])\d{3,}(?!\d)")
+# IDENTIFIER is \b[A-Za-z_][A-Za-z0-9_]{3,}\b and NUMBER (?<![\w.])\d{3,}(?!\d), each written to start with a character
+# class and look behind after it: re then skips to the candidates' first characters in C (3x faster on tool output).
+IDENTIFIER = re.compile(r"[A-Za-z_](?<!\w[A-Za-z_])[A-Za-z0-9_]{3,}\b")
+NUMBER = re.compile(r"\d(?<![\w.]\d)\d{2,}(?!\d)")
 WORD = re.compile(r"\w+")
 COMMON = frozenset(w.lower() for w in keyword.kwlist + dir(builtins)) | frozenset("""
     about above after again also always another because been before being below between both cannot change

@@ -2,7 +2,9 @@
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("hypothesis")
@@ -15,7 +17,15 @@ from gemkernels.compress.blocks import parse_history  # noqa: E402
 from gemkernels.compress.config import resolve_config, with_overrides  # noqa: E402
 from gemkernels.compress.encoders import CachedEncoder, HashEncoder  # noqa: E402
 from gemkernels.compress.evidence import EvidenceConfig  # noqa: E402
-from gemkernels.compress.policy import could_repay, renewal_gap, repay_reason  # noqa: E402
+from gemkernels.compress.policy import (  # noqa: E402
+    could_repay,
+    least_core_tokens,
+    renewal_gap,
+    repay_reason,
+    rewrite_core,
+)
+from gemkernels.compress.router.ranking import router_order  # noqa: E402
+from gemkernels.evaluate.loaders import checkpoints  # noqa: E402
 from gemkernels.evaluate.online_policies import AmortizedForgetting  # noqa: E402
 from gemkernels.testing.histories import synthetic_history  # noqa: E402
 
@@ -286,25 +296,33 @@ def test_rewrite_evidence_of_amortized_forgetting_by_hand():
     assert "full" not in replay.evidence
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(data=st.data())
 def test_could_repay_never_skips_a_rewrite_that_repays(data):
     n = data.draw(st.integers(2, 40))
-    sizes = data.draw(st.lists(st.integers(1, 500), min_size=n, max_size=n))
+    sizes = data.draw(st.lists(st.integers(0, 500), min_size=n, max_size=n))
     recent = data.draw(st.integers(0, 6))
     config = replace(REPAY, repay_factor=data.draw(st.sampled_from([0.05, 0.2, 0.5, 2.0])),
                      cached_price=data.draw(st.sampled_from([0.0, 0.1, 0.5, 1.0])),
                      evidence=EvidenceConfig(recent=recent, goal=0, state=0, error=0, source=0))
     newest = set(range(max(0, n - recent), n))
     protected = sorted(newest | set(data.draw(st.lists(st.integers(0, n - 1), max_size=4))))
-    if data.draw(st.booleans()):  # arbitrary sets
+    shape = data.draw(st.sampled_from(["arbitrary", "session", "prefix"]))
+    if shape == "arbitrary":
         appended = set(data.draw(st.lists(st.integers(0, n - 1), max_size=n))) | {n - 1}
         kept = set(protected) | set(data.draw(st.lists(st.integers(0, n - 1), max_size=n)))
+    elif shape == "prefix":  # a rewrite that keeps an old prefix as it was and drops from a later block on
+        appended = set(range(n))
+        first = data.draw(st.integers(0, n - 1))
+        kept = set(range(first)) | set(protected) | set(data.draw(st.lists(st.integers(first, n - 1), max_size=4)))
     else:  # as in a session: appending forwards all but a few blocks, a rewrite drops a few more
         appended = set(range(n)) - set(data.draw(st.lists(st.integers(0, n - 2), max_size=3)))
         kept = appended - set(data.draw(st.lists(st.integers(0, n - 1), max_size=3))) | set(protected)
+    kept_tokens = sum(sizes[b] for b in kept)
+    least_kept = data.draw(st.integers(0, kept_tokens))  # any lower bound of what the rewrite keeps, itself included
     if repay_reason(appended, kept, sizes, config) is not None:
-        assert could_repay(appended, protected, sizes, config)
+        assert could_repay(appended, least_kept, sizes, config)
+        assert could_repay(appended, kept_tokens, sizes, config)
 
 
 @settings(max_examples=300, deadline=None)
@@ -316,7 +334,68 @@ def test_could_repay_is_exact_when_a_rewrite_keeps_only_the_newest_blocks(sizes,
                      evidence=EvidenceConfig(recent=recent, goal=0, state=0, error=0, source=0))
     newest = set(range(max(0, n - recent), n))
     due = repay_reason(set(range(n)), newest, sizes, config) is not None
-    assert could_repay(set(range(n)), sorted(newest), sizes, config) == due
+    assert could_repay(set(range(n)), sum(sizes[b] for b in newest), sizes, config) == due
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.data())
+def test_least_core_tokens_bounds_every_ranked_core(data):
+    """Whatever the scores, the core a ranked rewrite keeps holds at least `least_core_tokens`; and some ranking
+    keeps no more than the bound plus the largest block (it is not vacuous)."""
+    n = data.draw(st.integers(1, 40))
+    sizes = data.draw(st.lists(st.integers(0, 600), min_size=n, max_size=n))
+    seeds = data.draw(st.lists(st.integers(0, n - 1), max_size=6))
+    eligible = None if data.draw(st.booleans()) else np.array(data.draw(st.lists(st.booleans(), min_size=n,
+                                                                                  max_size=n)))
+    config = replace(REPAY, k=data.draw(st.integers(1, 20)), keep_recent_size=data.draw(st.booleans()),
+                     ranking=data.draw(st.sampled_from(["router", "retrieval", "geometry"])))
+    least = least_core_tokens(sizes, seeds, eligible, config)
+    num_protected = len(set(seeds))
+    orders = []
+    for _ in range(4):
+        scores = data.draw(st.lists(st.floats(-5, 5), min_size=n, max_size=n))
+        order = router_order(scores, sizes, seeds, eligible, data.draw(st.sampled_from([0.0, 1.0])))
+        if config.ranking == "geometry":  # a selection may stop anywhere after the seeds
+            order = order[:data.draw(st.integers(num_protected, len(order)))]
+        orders.append(order)
+    for order in orders:
+        assert sum(sizes[b] for b in rewrite_core(order, num_protected, sizes, config)) >= least
+    if config.ranking != "geometry" and config.keep_recent_size:  # the largest-first ranking leaves the most room
+        order = sorted(set(seeds)) + sorted((b for b in range(n) if b not in set(seeds)
+                                             and (eligible is None or eligible[b])), key=lambda b: -sizes[b])
+        assert sum(sizes[b] for b in rewrite_core(order, num_protected, sizes, config)) <= least + max(sizes)
+
+
+@pytest.mark.parametrize("preset", ["cache-aware", "cache-aware-geometry"])
+def test_skipping_the_selection_changes_no_decision(preset, monkeypatch):
+    """The bound only skips selections: a session forwards the same messages with it as with a selection on every
+    appending call, and selects less often."""
+    from gemkernels.compress import gem as gem_module
+
+    messages = json.loads((Path(__file__).resolve().parents[2] / "examples" / "django-11276.json").read_text())[
+        "messages"]
+    histories = [messages[:cut] for cut in checkpoints(messages)]
+
+    def replayed(always: bool) -> tuple[list, int]:
+        calls = []
+        real = gem_module.GEM._rewrite
+
+        def counted(self, *args):
+            calls.append(1)
+            return real(self, *args)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(gem_module.GEM, "_rewrite", counted)
+            if always:
+                patch.setattr(gem_module, "could_repay", lambda *args: True)
+            gem = GEM(preset, encoder=CachedEncoder(HashEncoder(64)))
+            outs = [gem.compress(h, session_id="s").messages for h in histories]
+        return outs, len(calls)
+
+    bounded, selections = replayed(always=False)
+    every, all_selections = replayed(always=True)
+    assert bounded == every
+    assert selections < all_selections
 
 
 def test_appending_calls_skip_the_selection_until_a_rewrite_could_be_due():

@@ -4,6 +4,7 @@ the listwise fit against an independent optimiser, the shipped file, and GEM wit
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -22,6 +23,8 @@ from gemkernels.compress.evidence import block_features  # noqa: E402
 from gemkernels.compress.evidence.rules import reference_blocks  # noqa: E402
 from gemkernels.compress.gem import warn_encoder_mismatch  # noqa: E402
 from gemkernels.compress.references import (  # noqa: E402
+    IDENTIFIER,
+    NUMBER,
     PATH,
     HeldIndex,
     Lexicon,
@@ -162,6 +165,20 @@ path_like = st.lists(st.sampled_from(list("ab_./-:é \n1") + ["x.py", "src/", ".
 @given(path_like)
 def test_split_paths_is_the_path_regex_s_matches_and_its_substitution(text):
     assert split_paths(text) == ([m.group(0) for m in PATH.finditer(text)], PATH.sub(" ", text))
+
+
+word_like = st.lists(st.sampled_from(list("aZ_09.é-x \n$") + ["ab", "123", "4567", "_x1", "a.1", "1.234"]),
+                     max_size=30).map("".join)
+
+
+@settings(max_examples=400)
+@given(word_like)
+def test_identifier_and_number_patterns_match_as_their_plain_forms(text):
+    """The patterns reordered for speed find what they say: words with a boundary before and after, digit runs not
+    after a word character or a dot."""
+    assert [m.span() for m in IDENTIFIER.finditer(text)] == [
+        m.span() for m in re.finditer(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b", text)]
+    assert [m.span() for m in NUMBER.finditer(text)] == [m.span() for m in re.finditer(r"(?<![\w.])\d{3,}(?!\d)", text)]
 
 
 @given(st.sets(st.text(max_size=6), max_size=40))
