@@ -71,7 +71,9 @@ class BlockInfo:
     embedding: np.ndarray
     nbytes: int  # what keeping it in a session state costs (`block_nbytes`)
     tools: tuple[str, ...] = ()  # the names of the tools it calls
-    lexicon: Lexicon = NO_LEXICON  # what it holds and names (`references.block_lexicon`), if the config reads it
+    # what it holds and names (`references.block_lexicon`) if the config reads it; None: not read yet (the
+    # router's, read when a rewrite ranks: `GEM._read_lexicons`)
+    lexicon: Lexicon | None = NO_LEXICON
     signature: int = 0  # its tool calls (`router.call_signature`)
 
 
@@ -170,8 +172,10 @@ class GEM:
         self.config = resolve_config(config)
         cfg = self.config
         self.text_actions = text_action_profiles(cfg.text_actions, cfg.text_action_regex, cfg.text_observation_regex)
-        # lexicons (0.4 ms a block, 8x its evidence features) only for a config that reads them
-        self.reads_lexicons = cfg.ranking == "router" or cfg.evidence.reference > 0
+        # lexicons (0.4 ms a block, 8x its evidence features): with each new block for evidence rules that read
+        # them on every request; for the router's ranking only once a rewrite ranks (most calls append)
+        self.reads_lexicons = cfg.evidence.reference > 0
+        self.ranks_lexicons = cfg.ranking == "router" and not self.reads_lexicons
         self.encoder = make_encoder(encoder) if isinstance(encoder, str) else encoder
         self.store = store if store is not None else SessionStore()  # an empty store is falsy (__len__)
         # block identities: Python's hash for a store in this process, one every process computes for a shared one
@@ -297,7 +301,7 @@ class GEM:
         def rewritten() -> tuple[set[int], list[int], float | None]:
             nonlocal columns
             if cfg.ranking == "router":  # its live references read the held index: brought up to date, then kept
-                columns = columns.indexed()
+                columns = self._read_lexicons(columns, history, keys, cache).indexed()
             return self._rewrite(columns, block_chars, seeds, chars_before, task_embedding)
 
         rewrite: tuple[set[int], list[int], float | None] | None = None
@@ -320,7 +324,7 @@ class GEM:
 
         out = reconstruct(history, forwarded)
         if save:  # the cache holds exactly this request's blocks when it extended the last one's
-            block_cache = cache if len(cache) == n else dict(zip(keys, infos))
+            block_cache = cache if len(cache) == n else dict(zip(keys, columns.infos))
             parsed = written.parsed(history, keys, call_ids) if written is not None else None
             self.store.put(store_key, SessionState(
                 keys, frozenset(map(keys.__getitem__, forwarded)), goal_key, selected_at, block_cache,
@@ -398,6 +402,23 @@ class GEM:
         note = f"; {len(dropped)} more blocks dropped to fit max_forward_tokens {ceiling}"
         return forwarded - set(dropped), reason + note
 
+    def _read_lexicons(self, columns: BlockColumns, history: History, keys: Sequence[Hashable],
+                       cache: dict[Hashable, BlockInfo]) -> BlockColumns:
+        """``columns`` with the lexicon of every block that has none yet read from ``history``, their infos
+        replaced in ``cache`` too (the session keeps them)."""
+        missing = [b for b, lexicon in enumerate(columns.lexicons) if lexicon is None]
+        if not missing:
+            return columns
+        infos, lexicons, added = list(columns.infos), list(columns.lexicons), 0
+        for b in missing:
+            block = history.block(b)
+            lexicons[b] = block_lexicon(block, block_text(block, self.config.max_text_chars))
+            infos[b] = replace(infos[b], lexicon=lexicons[b], nbytes=infos[b].nbytes + lexicons[b].nbytes)
+            added += lexicons[b].nbytes
+            if keys[b] in cache:
+                cache[keys[b]] = infos[b]
+        return replace(columns, infos=tuple(infos), lexicons=tuple(lexicons), nbytes=columns.nbytes + added)
+
     def _eligible(self, columns: BlockColumns) -> np.ndarray | None:
         """Which blocks a rewrite may rank after the protected ones: those no newer block supersedes with
         ``drop_superseded``, else all (None)."""
@@ -447,7 +468,8 @@ class GEM:
                                  "or not finite)")
             for b, block, embedding, text in zip(new_ids, new, embeddings, texts):
                 messages = [history.messages[p] for p in block.positions]
-                lexicon = block_lexicon(block, text) if self.reads_lexicons else NO_LEXICON
+                lexicon = (block_lexicon(block, text) if self.reads_lexicons
+                           else None if self.ranks_lexicons else NO_LEXICON)
                 features = block_features(block)
                 cache[keys[b]] = BlockInfo(
                     chars=sum(serialised_chars(m) for m in messages),
@@ -474,13 +496,13 @@ def warn_encoder_mismatch(trained: str, encoder: str) -> None:
                    "--encoder` makes one for yours", trained, encoder)
 
 
-def block_nbytes(key: Hashable, embedding: np.ndarray, features: BlockFeatures, lexicon: Lexicon) -> int:
+def block_nbytes(key: Hashable, embedding: np.ndarray, features: BlockFeatures, lexicon: Lexicon | None) -> int:
     """About what one block costs a session state: its embedding, its key (in the cache, the block list and the
     forwarded set), the paths and sources of its features, its lexicon, and some 500 bytes of Python objects
     around them."""
     return (embedding.nbytes + 3 * (len(key) if isinstance(key, str) else 8)
             + sum(map(len, features.edited_paths + features.sources))
-            + lexicon.nbytes + 500)
+            + (lexicon.nbytes if lexicon is not None else 0) + 500)
 
 
 def without_cache_marks(content: Any) -> Any:

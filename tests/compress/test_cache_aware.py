@@ -413,3 +413,47 @@ def test_appending_calls_skip_the_selection_until_a_rewrite_could_be_due():
     # below that select nothing
     assert [b + 1 for b, (action, _) in enumerate(actions) if action == "reselected"] == [13, 22]
     assert all(used == 0 for action, used in actions[:12]) and all(used == 0 for _, used in actions[13:21])
+
+
+@pytest.mark.parametrize("config", ["cache-aware", "cache-aware, no rewrite"])
+def test_the_router_reads_lexicons_only_when_a_rewrite_ranks(config, monkeypatch):
+    """Lexicons read lazily (when a rewrite ranks) give every call the same forwarded history and the session the
+    same lexicons as lexicons read with each new block; none are read while no rewrite ranks."""
+    from gemkernels.compress import gem as gem_module
+
+    messages = json.loads((Path(__file__).resolve().parents[2] / "examples" / "django-11276.json").read_text())[
+        "messages"]
+    histories = [messages[:cut] for cut in checkpoints(messages)]
+
+    def replayed(eager: bool) -> tuple[list, list, int]:
+        read = []
+        real = gem_module.block_lexicon
+
+        def counted(*args):
+            read.append(1)
+            return real(*args)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(gem_module, "block_lexicon", counted)
+            preset = resolve_config("cache-aware")
+            gem = GEM(preset if config == "cache-aware" else replace(preset, repay_factor=None),
+                      encoder=CachedEncoder(HashEncoder(64)))
+            if eager:
+                gem.reads_lexicons, gem.ranks_lexicons = True, False
+            outs = [gem.compress(h, session_id="s").messages for h in histories]
+            state = gem.store.get(gem_module.session_key("s", None))
+        lexicons = [(lex.holds.tolist(), lex.names.tolist()) if lex is not None else None
+                    for lex in state.columns.lexicons]
+        assert state.nbytes == state.columns.nbytes + (state.parsed.held_bytes if state.parsed is not None else 0)
+        return outs, lexicons, len(read)
+
+    lazy, lazy_lexicons, lazy_reads = replayed(eager=False)
+    eager, eager_lexicons, eager_reads = replayed(eager=True)
+    assert lazy == eager
+    assert eager_reads == len(eager_lexicons)
+    read = [b for b, lexicon in enumerate(lazy_lexicons) if lexicon is not None]
+    assert all(lazy_lexicons[b] == eager_lexicons[b] for b in read)
+    if config == "cache-aware":  # this run rewrites: every block read by its last rewrite
+        assert lazy_reads == len(read) > 0
+    else:
+        assert lazy_reads == len(read) == 0

@@ -395,17 +395,23 @@ def test_the_cache_aware_preset_ranks_by_the_router_and_the_geometry_preset_keep
 
 
 def test_only_a_config_that_reads_lexicons_pays_for_them():
-    """A block's lexicon (0.4 ms of regular expressions) is computed under the router or the reference rule only;
-    other configs keep the empty one in the session's block cache."""
+    """A block's lexicon (0.4 ms of regular expressions) is computed under the reference rule with each new block,
+    under the router only once a rewrite ranks (None until then); other configs keep the empty one in the session's
+    block cache."""
     from gemkernels.compress.gem import NO_LEXICON
 
     messages = history_of([("bash", f"cat mod/file_{i}.py", f"def name_{i}(): pass") for i in range(20)])
-    for config, reads in (("paper", False), ("cache-aware-geometry", False), ("cache-aware", True),
+    for config, reads in (("paper", False), ("cache-aware-geometry", False), ("cache-aware", None),
+                          (with_overrides("cache-aware", ["k=5", "min_blocks=6", "rewrite_above_blocks=10"]), True),
                           (with_overrides("paper", ["evidence.reference=1"]), True)):
         gem = GEM(config, encoder=HashEncoder(64), token_counter=None)
         gem.compress(messages, session_id="s")
         infos = list(gem.store.get("s").block_cache.values())
-        assert all((info.lexicon is not NO_LEXICON and info.lexicon.holds.size > 0) == reads for info in infos), config
+        if reads is None:
+            assert all(info.lexicon is None for info in infos), config
+        else:
+            assert all((info.lexicon is not NO_LEXICON and info.lexicon.holds.size > 0) == reads for info in infos), \
+                config
 
 
 def test_a_router_session_keeps_the_held_index_of_its_blocks_and_a_geometry_session_keeps_none():
@@ -435,9 +441,11 @@ def test_a_router_session_keeps_the_held_index_of_its_blocks_and_a_geometry_sess
                 assert same(kept, HeldIndex.of(columns.lexicons[:kept.blocks]))
                 assert columns.nbytes == base + kept.nbytes
                 lagged += kept.blocks < len(columns.lexicons)  # appended since the rewrite: merged at the next
-                up = columns.indexed()
-                assert same(up.held, HeldIndex.of(columns.lexicons))
-                assert up.nbytes == base + up.held.nbytes
+                assert all(lexicon is None for lexicon in columns.lexicons[kept.blocks:])  # and read there
+                read = gem._read_lexicons(columns, parse_history(history[:end]), gem.store.get("s").block_keys, {})
+                up = read.indexed()
+                assert same(up.held, HeldIndex.of(read.lexicons))
+                assert up.nbytes == sum(i.nbytes for i in read.infos) + read.embeddings.nbytes + up.held.nbytes
             else:
                 assert columns.nbytes == base
     assert lagged >= 5  # the appends after the one rewrite left the kept index behind, as meant
