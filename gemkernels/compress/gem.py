@@ -87,7 +87,7 @@ class BlockColumns:
     sizes: tuple[int, ...]  # `block_tokens`
     chars: tuple[int, ...]
     features: tuple[BlockFeatures, ...]
-    lexicons: tuple[Lexicon, ...]
+    lexicons: tuple[Lexicon | None, ...]  # None: not read yet (`BlockInfo.lexicon`)
     nbytes: int  # the infos', the embedding matrix's and the held index's
     held: HeldIndex | None = None  # the held tokens of the first held.blocks lexicons, sorted (a router's, `indexed`)
 
