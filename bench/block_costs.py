@@ -31,7 +31,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django-11276.json"
 
 def stages(blocks: list[tuple[History, Block]], texts: list[str]) -> dict[str, Callable[[], object]]:
     """Each stage over every block: name -> a call that runs it."""
-    count, encoder = default_token_counter(), make_encoder("hash")
+    count, encoder = default_token_counter(), make_encoder("hash", cached=False)
     timed = {
         "representation text": lambda: [block_text(block) for _, block in blocks],
         "lexicon": lambda: [block_lexicon(block, text) for (_, block), text in zip(blocks, texts)],
