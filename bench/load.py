@@ -1,7 +1,7 @@
 """Load: N concurrent sessions replaying real runs' growing histories through ``gem serve`` (and, optionally,
 LiteLLM's proxy) against a fake upstream that answers after 500 ms, and the same load sent straight to it.
 
-    python -m bench.load [PATHS ...] [--sessions 10 100 200] [--steps 16] [--delay 0.5] [--encoder hash]
+    python -m bench.load [PATHS ...] [--sessions 10 100 200] [--steps 16] [--warm 0] [--delay 0.5] [--encoder hash]
                          [--modes off cache-aware paper cache-aware@redis] [--redis URL] [--workers N]
                          [--litellm /tmp/litellm-venv/bin/litellm]
 
@@ -19,6 +19,9 @@ model routed to the upstream, no database, no master key). For each N the target
 other in one run: latency (request sent to full response read) p50 / p99, added p50 / p99 (target minus direct at
 the same N), the target's CPU seconds per request (its process tree, from /proc, counted until it is idle again:
 blocks encoded in the background after their request went out included) and the client's share of a core.
+With ``--warm K`` each session's first K requests are sent first and not measured, and the sessions start again,
+staggered, once the target is idle: the steady state of N sessions in flight, without all N sessions' first
+compressions (each analyses every block it holds) falling in the same second.
 """
 
 from __future__ import annotations
@@ -195,12 +198,19 @@ async def replay(url: str, bodies: list[list[bytes]], tag: str, delay_s: float, 
 
 
 def measure(target: str, url: str, pid: int | None, runs: list[Run], sessions: int, start_at: int, steps: int,
-            delay_s: float) -> Phase:
+            delay_s: float, warm: int = 0) -> Phase:
     """``sessions`` sessions of ``steps`` requests from step ``start_at`` on against ``url``, served by process
     ``pid`` (None for the upstream itself, whose CPU is not counted); the target's CPU seconds are counted until it
-    is idle again, background work (blocks encoded after their request went out) included."""
+    is idle again, background work (blocks encoded after their request went out) included. ``warm``: each
+    session's first that many requests are sent first and not measured; once the target is idle the sessions start
+    again, staggered as at first, with the rest (a steady state instead of every session's cold start at once)."""
     tag = f"{target}-{sessions}"
     bodies = [session_bodies(runs[s % len(runs)], f"{tag} {s}", start_at, steps) for s in range(sessions)]
+    if warm:
+        asyncio.run(replay(url, [requests[:warm] for requests in bodies], tag, delay_s, Phase(target, sessions)))
+        if pid:
+            settle(pid)
+        bodies = [requests[warm:] for requests in bodies]
     phase = Phase(target, sessions)
     cpu_before = tree_cpu_seconds(pid) if pid else 0.0
     trips_before = store_round_trips(url) if pid else None
@@ -267,6 +277,8 @@ def main() -> None:
     parser.add_argument("--start", type=int, default=12, help="first agent step replayed")
     parser.add_argument("--steps", type=int, default=16, help="agent steps (requests) per session")
     parser.add_argument("--delay", type=float, default=0.5, help="the upstream's answer time, seconds")
+    parser.add_argument("--warm", type=int, default=0,
+                        help="requests of each session sent, unmeasured, before the sessions start again (steady state)")
     parser.add_argument("--encoder", default="hash", help="gem's encoder (hash, minilm, ...)")
     parser.add_argument("--modes", nargs="+", default=["off", "cache-aware", "paper"],
                         help="gem targets: off (forwarding only) or preset names; PRESET@redis keeps the sessions "
@@ -320,7 +332,7 @@ def main() -> None:
             measure(name + " warm-up", url, pid, runs, 2, args.start, 2, args.delay)
         for sessions in args.sessions:
             for name, url, pid in targets:
-                phases.append(measure(name, url, pid, runs, sessions, args.start, args.steps, args.delay))
+                phases.append(measure(name, url, pid, runs, sessions, args.start, args.steps, args.delay, args.warm))
                 print(f"  {name}, {sessions} sessions: {phases[-1].wall_s:.1f} s", file=sys.stderr)
         if redis_url is not None:
             print(redis_memory(redis_url))
