@@ -298,15 +298,18 @@ class GEM:
             reason = budget_reason(appended, sizes, cfg) or guard_reason(appended, block_chars, chars_before, cfg.delta)
         select_started = time.perf_counter()
 
+        # what a rewrite may rank after the protected blocks: those no newer block supersedes, or all (None)
+        eligible = ~superseded([info.signature for info in infos]) if cfg.drop_superseded else None
+
         def rewritten() -> tuple[set[int], list[int], float | None]:
             nonlocal columns
             if cfg.ranking == "router":  # its live references read the held index: brought up to date, then kept
                 columns = self._read_lexicons(columns, history, keys, cache).indexed()
-            return self._rewrite(columns, block_chars, seeds, chars_before, task_embedding)
+            return self._rewrite(columns, block_chars, seeds, eligible, chars_before, task_embedding)
 
         rewrite: tuple[set[int], list[int], float | None] | None = None
         if reason is None and cfg.repay_factor is not None and could_repay(
-                appended, least_core_tokens(sizes, seeds, self._eligible(columns), cfg), sizes, cfg):
+                appended, least_core_tokens(sizes, seeds, eligible, cfg), sizes, cfg):
             rewrite = rewritten()
             reason = repay_reason(appended, rewrite[0], sizes, cfg)
         core: list[int] = []
@@ -419,22 +422,15 @@ class GEM:
                 cache[keys[b]] = infos[b]
         return replace(columns, infos=tuple(infos), lexicons=tuple(lexicons), nbytes=columns.nbytes + added)
 
-    def _eligible(self, columns: BlockColumns) -> np.ndarray | None:
-        """Which blocks a rewrite may rank after the protected ones: those no newer block supersedes with
-        ``drop_superseded``, else all (None)."""
-        if not self.config.drop_superseded:
-            return None
-        return ~superseded([info.signature for info in columns.infos])
-
-    def _rewrite(self, columns: BlockColumns, block_chars: Sequence[int], seeds: list[int], total_chars: int,
-                 task_embedding: np.ndarray | None) -> tuple[set[int], list[int], float | None]:
+    def _rewrite(self, columns: BlockColumns, block_chars: Sequence[int], seeds: list[int],
+                 eligible: np.ndarray | None, total_chars: int, task_embedding: np.ndarray | None
+                 ) -> tuple[set[int], list[int], float | None]:
         """A global selection: (blocks to forward, selected core, its coverage; None unless geometry ranks). The
         core is the protected seeds, then the blocks in ranking order (residual completion, router or retrieval score),
         up to ``k`` blocks or, with ``keep_recent_size``, while its tokens fit those of the newest ``k`` blocks;
         the forwarding guard then drops blocks outside it, larger first."""
         cfg, embeddings, sizes = self.config, columns.embeddings, columns.sizes
         n, signatures = len(sizes), [info.signature for info in columns.infos]
-        eligible = self._eligible(columns)
         if cfg.ranking != "geometry":
             if cfg.ranking == "router":
                 scores = load_router(cfg.router).scores(request_features(

@@ -64,18 +64,19 @@ class RewriteCost(NamedTuple):
     remaining: float
 
     @property
-    def repays(self) -> bool:
-        """The saving outweighs the miss, and the per-call saving has reached the renewal gap."""
-        return self.saving > self.miss and self.dropped >= self.gap
+    def repays(self) -> bool | np.ndarray:
+        """The saving outweighs the miss, and the per-call saving has reached the renewal gap (element-wise for
+        terms that are arrays: many candidate rewrites at once)."""
+        return np.logical_and(self.saving > self.miss, self.dropped >= self.gap)
 
 
-def rewrite_cost(dropped: float, resent: float, sizes: Sequence[int], cfg: GEMConfig) -> RewriteCost:
+def rewrite_cost(dropped: float, resent: float, blocks: int, tokens: int, cfg: GEMConfig) -> RewriteCost:
     """The cost terms of a rewrite that drops ``dropped`` tokens a call and re-sends ``resent`` uncached once, in
-    a history of blocks of ``sizes`` tokens (``cfg.repay_factor`` set)."""
+    a history of ``blocks`` blocks holding ``tokens`` tokens (``cfg.repay_factor`` set)."""
     c, u = cfg.cached_price, cfg.uncached_price
-    remaining = cfg.repay_factor * len(sizes)
+    remaining = cfg.repay_factor * blocks
     return RewriteCost(dropped, saving=c * dropped * (remaining + 1), miss=(u - c) * resent,
-                       gap=renewal_gap(resent, sum(sizes) / len(sizes), c, u), remaining=remaining)
+                       gap=renewal_gap(resent, tokens / blocks, c, u), remaining=remaining)
 
 
 def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: GEMConfig) -> str | None:
@@ -90,7 +91,7 @@ def repay_reason(appended: set[int], kept: set[int], sizes: Sequence[int], cfg: 
         return None
     first = min(changed)
     dropped = sum(sizes[b] for b in appended) - sum(sizes[b] for b in kept)
-    cost = rewrite_cost(dropped, sum(sizes[b] for b in kept if b >= first), sizes, cfg)
+    cost = rewrite_cost(dropped, sum(sizes[b] for b in kept if b >= first), len(sizes), sum(sizes), cfg)
     if not cost.repays:
         return None
     return (f"rewrite repays: saves {cost.saving:.0f} over {cost.remaining:.0f} expected calls, misses "
@@ -108,17 +109,17 @@ def could_repay(appended: set[int], least_kept: int, sizes: Sequence[int], cfg: 
     §4). (A first change among the newest blocks, all kept, drops nothing.)"""
     if cfg.repay_factor is None or not sizes:
         return False
-    newest = max(0, len(sizes) - cfg.evidence.recent)
-    resent_newest = sum(sizes[newest:])
-    before, after = 0, sum(sizes[b] for b in appended)  # A(< f), A(>= f)
-    for f in range(newest):
-        resent = max(resent_newest, least_kept - before)
-        if rewrite_cost(after - resent, resent, sizes, cfg).repays:
-            return True
-        if f in appended:
-            before += sizes[f]
-            after -= sizes[f]
-    return False
+    blocks = len(sizes)
+    newest = max(0, blocks - cfg.evidence.recent)
+    if not newest:
+        return False
+    tokens = np.asarray(sizes, dtype=np.float64)
+    forwarded = np.zeros(blocks, dtype=bool)
+    forwarded[np.fromiter(appended, dtype=np.int64, count=len(appended))] = True
+    appended_tokens = np.where(forwarded, tokens, 0.0)
+    after = np.cumsum(appended_tokens[::-1])[::-1][:newest]  # A(>= f) for each f older than the newest blocks
+    resent = np.maximum(tokens[newest:].sum(), least_kept - (appended_tokens.sum() - after))  # A(< f) = F - A(>= f)
+    return bool(np.any(rewrite_cost(after - resent, resent, blocks, tokens.sum(), cfg).repays))
 
 
 def rewrite_core(order: Sequence[int], num_protected: int, sizes: Sequence[int], cfg: GEMConfig) -> list[int]:
@@ -141,23 +142,26 @@ def least_core_tokens(sizes: Sequence[int], seeds: Sequence[int], eligible: np.n
     """The fewest tokens `rewrite_core` can keep whatever the ranking, known before one runs: the protected
     ``seeds``', plus, when every ``eligible`` block is ranked (router or retrieval ranking; a geometric selection may
     stop at tau after the seeds), what its fill cannot leave out (DESIGN.md §4)."""
-    protected = set(seeds)
-    least = sum(sizes[b] for b in protected)
+    tokens = np.asarray(sizes, dtype=np.int64)
+    candidate = np.ones(len(tokens), dtype=bool) if eligible is None else np.asarray(eligible, dtype=bool).copy()
+    protected = np.unique(np.asarray(seeds, dtype=np.int64))
+    candidate[protected] = False
+    least = int(tokens[protected].sum())
     if cfg.ranking == "geometry":
         return least
-    others = sorted(sizes[b] for b in range(len(sizes)) if b not in protected and (eligible is None or eligible[b]))
+    others = np.sort(tokens[candidate])
     if not cfg.keep_recent_size:  # the k first hold at least the smallest candidates
-        return least + sum(others[:max(0, cfg.k - len(protected))])
-    room = sum(sizes[max(0, len(sizes) - cfg.k):]) - least
-    if room <= 0 or sum(others) <= room:  # nothing fits, or everything does
-        return least + (sum(others) if room > 0 else 0)
+        return least + int(others[:max(0, cfg.k - len(protected))].sum())
+    room = int(tokens[max(0, len(tokens) - cfg.k):].sum()) - least
+    if room <= 0 or int(others.sum()) <= room:  # nothing fits, or everything does
+        return least + (int(others.sum()) if room > 0 else 0)
     # Some candidate was passed over, larger than the room r the fill leaves; every candidate no larger than r fit
-    # when it came (the room only shrinks), so r + their tokens <= room. The largest such r bounds what is left.
-    most_left, taken, below = 0, 0, 0
-    for size in others:  # ascending: r in [below, size) leaves the candidates before this one taken
-        if room - taken >= below:
-            most_left = max(most_left, min(size, room - taken))
-        taken, below = taken + size, size
+    # when it came (the room only shrinks), so r + their tokens <= room. The largest such r bounds what is left:
+    # for r in [the candidate before, this candidate), the candidates before it taken (sizes ascending).
+    taken = np.cumsum(others) - others
+    below = np.concatenate(([0], others[:-1]))
+    possible = room - taken >= below
+    most_left = int(np.minimum(others, room - taken)[possible].max(initial=0))
     return least + room - most_left
 
 
@@ -168,7 +172,7 @@ def renewal_gap(resent: float, per_call: float, cached_price: float, uncached_pr
     g* = sqrt(2 (u - c) resent / (c per_call)); the saving then is g* per_call."""
     if cached_price <= 0:
         return math.inf
-    return math.sqrt(2 * (uncached_price - cached_price) * resent * per_call / cached_price)
+    return np.sqrt(2 * (uncached_price - cached_price) * resent * per_call / cached_price)
 
 
 def reselection_reason(state: SessionState | None, keys: tuple[str, ...], goal: str, cfg: GEMConfig) -> str | None:
