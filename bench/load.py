@@ -2,7 +2,8 @@
 LiteLLM's proxy) against a fake upstream that answers after 500 ms, and the same load sent straight to it.
 
     python -m bench.load [PATHS ...] [--sessions 10 100 200] [--steps 16] [--warm 0] [--delay 0.5] [--encoder hash]
-                         [--modes off cache-aware paper cache-aware@redis] [--redis URL] [--workers N]
+                         [--modes off cache-aware paper cache-aware@redis cache-aware@process] [--redis URL]
+                         [--workers N] [--threads N]
                          [--litellm /tmp/litellm-venv/bin/litellm]
 
 Runs come from PATHS (default ``../shared/data/trajectories/``, read with `gemkernels.evaluate.loaders`; without it,
@@ -13,7 +14,8 @@ connection. Session i starts i/N x ``--delay`` after the first, so that N reques
 N/delay per second (not in waves). Every target runs in its own process on 127.0.0.1: the fake upstream
 (`gemkernels.testing.fake_upstream`), one ``gem serve`` per mode (``off`` is forwarding only: ``--set
 min_blocks=1000000``, the body parsed and never compressed; the others are presets, ``PRESET@redis`` with its
-sessions in Redis, ``--redis`` or a ``redis-server`` started here, as ``gem serve --workers N`` with ``--workers``;
+sessions in Redis, ``--redis`` or a ``redis-server`` started here, as ``gem serve --workers N`` with ``--workers``,
+``PRESET@process`` as ``gem serve --compress-process``;
 the table then counts the store's round trips per request and Redis's memory per session), LiteLLM (forwarding only: one
 model routed to the upstream, no database, no master key). For each N the targets are measured one after the
 other in one run: latency (request sent to full response read) p50 / p99, added p50 / p99 (target minus direct at
@@ -61,15 +63,16 @@ def serve_upstream(port: int, delay_s: float) -> None:
 
 
 def serve_gem(port: int, upstream: str, encoder: str, preset: str, overrides: tuple[str, ...],
-              store: str = "memory") -> None:
-    """``gem serve`` with ``preset``, ``overrides`` and ``store``, its connection timeouts as ``gem serve`` sets
-    them; access log off (as for LiteLLM)."""
+              store: str = "memory", compress_process: bool = False, threads: int | None = None) -> None:
+    """``gem serve`` with ``preset``, ``overrides``, ``store`` and ``--compress-process``, its connection timeouts as
+    ``gem serve`` sets them, ``threads`` compression threads (None: its default); access log off (as for LiteLLM)."""
     import uvicorn
 
     from gemkernels.serve.app import ServerConfig, create_app
     from gemkernels.serve.connections import uvicorn_options
 
-    config = ServerConfig(upstream=upstream, encoder=encoder, preset=preset, overrides=overrides, store=store)
+    config = ServerConfig(upstream=upstream, encoder=encoder, preset=preset, overrides=overrides, store=store,
+                          compress_process=compress_process, **({} if threads is None else {"threads": threads}))
     uvicorn.run(create_app(config), host="127.0.0.1", port=port, log_level="warning", **uvicorn_options())
 
 
@@ -282,10 +285,12 @@ def main() -> None:
     parser.add_argument("--encoder", default="hash", help="gem's encoder (hash, minilm, ...)")
     parser.add_argument("--modes", nargs="+", default=["off", "cache-aware", "paper"],
                         help="gem targets: off (forwarding only) or preset names; PRESET@redis keeps the sessions "
-                             "in Redis (--redis)")
+                             "in Redis (--redis), PRESET@process compresses in a process of its own "
+                             "(--compress-process)")
     parser.add_argument("--redis", help="the Redis of the @redis modes (default: a redis-server started here)")
     parser.add_argument("--workers", type=int, default=1,
                         help="the @redis modes run as gem serve --workers N (one process per core)")
+    parser.add_argument("--threads", type=int, help="gem's compression threads (default: gem serve's)")
     parser.add_argument("--litellm", help="LiteLLM's executable (e.g. /tmp/litellm-venv/bin/litellm): measure it too")
     parser.add_argument("--json", help="also write the per-phase figures here")
     args = parser.parse_args()
@@ -318,10 +323,11 @@ def main() -> None:
                 url, pid = server.url, server.process.pid
                 name += f", sessions in Redis, {args.workers} workers"
             else:
-                proc, url = start(serve_gem, upstream, args.encoder, preset, overrides, store)
+                proc, url = start(serve_gem, upstream, args.encoder, preset, overrides, store, where == "process",
+                                  args.threads)
                 stops.append(proc.kill)
                 pid = proc.pid
-                name += ", sessions in Redis" if where == "redis" else ""
+                name += {"redis": ", sessions in Redis", "process": ", compression process"}.get(where, "")
             targets.append((name, url, pid))
         if args.litellm:
             folder = Path(tempfile.mkdtemp(prefix="bench-load-"))

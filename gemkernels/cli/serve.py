@@ -83,6 +83,9 @@ def add_parser(subparsers: Any) -> None:
                    help="longest a request waits for its blocks' embeddings; past it, it goes out with the new blocks "
                         "appended (or unchanged) while they finish encoding for the next call; 'inf': no limit "
                         "(default %(default)s)")
+    p.add_argument("--compress-process", action="store_true",
+                   help="compress in a process of each worker's own, so that compression never holds the GIL its "
+                        "event loop needs (one more core a worker; sessions stay in that process)")
     p.add_argument("--count-compressed", action="store_true",
                    help="POST /v1/messages/count_tokens counts the request as it would be forwarded, so an agent's "
                         "own auto-compaction sees the compressed size")
@@ -152,5 +155,5 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         compress_endpoint=args.compress_endpoint, anthropic_upstream=args.anthropic_upstream,
                         encode_budget=budget, count_compressed=args.count_compressed, observe=args.observe,
                         report=args.report, store=args.store, store_ttl=args.store_ttl,
-                        embedding_dtype=args.store_embeddings,
+                        embedding_dtype=args.store_embeddings, compress_process=args.compress_process,
                         compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)

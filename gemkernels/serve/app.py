@@ -16,7 +16,8 @@ Contracts (DESIGN.md §5):
 - sessions: per credential (tenant) and per agent (`gemkernels.compress.sessions.request_session`); requests of
   one session are compressed one at a time;
 - selections of concurrent requests run batched, block encoding is fair between requests and waits at most
-  ``encode_budget`` (`gemkernels.serve.compressor`);
+  ``encode_budget`` (`gemkernels.serve.compressor`); with ``compress_process`` they run in a process of their
+  own, so that compression never holds the event loop's GIL (`gemkernels.serve.compression_process`);
 - bounded: at most ``max_pending`` compressions queued or running, GEM's session store bounded; a body past
   ``max_body_bytes`` gets a 413, one with no byte for ``body_timeout`` seconds a 408 (both with
   ``Connection: close``); under ``gem serve``, headers not complete ``--header-timeout`` seconds after a connection
@@ -32,7 +33,6 @@ process answers), ``GET /readyz`` (the encoder is loaded and the upstreams answe
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -45,7 +45,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from gemkernels.compress.tokens import Prices
-from gemkernels.serve.compressor import Compressor, warm_up_kernels
+from gemkernels.serve.compression_process import ProcessCompressor
+from gemkernels.serve.compressor import Compressor
 from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.formats import FORMATS
 from gemkernels.serve.metrics import Metrics
@@ -65,12 +66,11 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         upstreams = Upstreams(config.upstream_roots(), config.timeout, transport)
-        compressor = Compressor(config, metrics)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, warm_up_kernels, compressor)
+        compressor = (ProcessCompressor if config.compress_process else Compressor)(config, metrics)
+        await compressor.start()
         observer = None
         if config.observe:
-            cfg = compressor.gem.config
+            cfg = compressor.gem_config
             observer = Observer(Prices(cfg.cached_price, cfg.uncached_price), config.max_sessions,
                                 config.max_session_bytes)
         proxies.append(Proxy(config, metrics, upstreams, compressor, observer))
@@ -81,7 +81,7 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
             if observer is not None and config.report:
                 print(report_table(observer.report()), flush=True)
             await upstreams.aclose()
-            await loop.run_in_executor(None, compressor.close)
+            await compressor.aclose()
 
     def route(path: str, work: Callable[[Proxy, Request], Awaitable[Response]], methods: list[str]) -> Route:
         async def endpoint(request: Request) -> Response:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gemkernels.compress.config import with_overrides
+from gemkernels.compress.config import GEMConfig, with_overrides
 from gemkernels.compress.encoders import Encoder, make_encoder
 from gemkernels.compress.gem import GEM, PASSTHROUGH, Compressed
 from gemkernels.compress.sessions import SessionLocks, SessionStore, StateStore
@@ -78,6 +78,20 @@ class Compressor:
         self.executor = ThreadPoolExecutor(config.threads, thread_name_prefix="gem-compress")
         self.locks = SessionLocks()
 
+    @property
+    def encoder_name(self) -> str:
+        """The encoder's name, as ``/readyz`` reports it."""
+        return self.encoder.name
+
+    @property
+    def gem_config(self) -> GEMConfig:
+        """GEM's resolved config."""
+        return self.gem.config
+
+    async def start(self) -> None:
+        """Compile the selection kernels before the first request (`warm_up_kernels`), off the event loop."""
+        await asyncio.to_thread(warm_up_kernels, self)
+
     def running(self) -> int:
         """Compressions that could be inside GEM now (the batchers wait for no more than this)."""
         return max(1, min(self.pending, self.workers))
@@ -119,6 +133,10 @@ class Compressor:
         with self.locks.of(messages, session_id, tenant), self.encoder.deadline(deadline):
             return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
                                      tenant=tenant, save=save, message_bytes=message_bytes)
+
+    async def aclose(self) -> None:
+        """`close`, off the event loop."""
+        await asyncio.to_thread(self.close)
 
     def close(self) -> None:
         """Finish queued compressions, then stop the batchers."""

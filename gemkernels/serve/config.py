@@ -33,7 +33,8 @@ class ServerConfig:
     ``observe``: forward every request as sent and record what compression would have done
     (`gemkernels.serve.observe`), with ``report`` printing it when the server stops; ``store``: where sessions
     live, ``memory`` (this process) or a ``redis://`` URL shared by replicas (`gemkernels.compress.redis_store`),
-    kept ``store_ttl`` seconds after their last request, with embeddings shared as ``embedding_dtype``."""
+    kept ``store_ttl`` seconds after their last request, with embeddings shared as ``embedding_dtype``;
+    ``compress_process``: compress in a process of the proxy's own (`gemkernels.serve.compression_process`)."""
 
     upstream: str
     preset: str = "paper"
@@ -60,6 +61,7 @@ class ServerConfig:
     store: str = "memory"
     store_ttl: float = 3600.0
     embedding_dtype: str = "float32"
+    compress_process: bool = False
 
     def upstream_roots(self) -> dict[str, str]:
         """Format -> API root (`gemkernels.serve.formats`)."""

@@ -47,6 +47,7 @@ from gemkernels.compress.gem import PASSTHROUGH
 from gemkernels.compress.sessions import GEM_SESSION_HEADER, request_session
 from gemkernels.serve.body import ArrayLayout, cut_body, element_sizes, json_bytes, parse_body, removed_positions
 from gemkernels.serve.cache_marks import moved_marks
+from gemkernels.serve.compression_process import ProcessCompressor
 from gemkernels.serve.compressor import Compressor
 from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.content_coding import UndecodableBody, decoded
@@ -231,7 +232,8 @@ async def stalls_after(stream: AsyncIterator[bytes], timeout: float) -> AsyncIte
 class Proxy:
     """The routes' work over one set of upstreams and one `Compressor` (module doc)."""
 
-    def __init__(self, config: ServerConfig, metrics: Metrics, upstreams: Upstreams, compressor: Compressor,
+    def __init__(self, config: ServerConfig, metrics: Metrics, upstreams: Upstreams,
+                 compressor: Compressor | ProcessCompressor,
                  observer: Observer | None = None):
         self.config, self.metrics, self.upstreams, self.compressor = config, metrics, upstreams, compressor
         self.observer = observer  # observe mode: record what compression would do, forward everything as sent
@@ -450,7 +452,7 @@ class Proxy:
         ready = all(state == "reachable" for state in kinds.values())
         return AsciiJSONResponse({"status": "ready" if ready else "not ready", "upstream": kinds[OPENAI_UPSTREAM],
                                   "anthropic_upstream": kinds[ANTHROPIC_UPSTREAM],
-                                  "encoder": self.compressor.encoder.name}, status_code=200 if ready else 503)
+                                  "encoder": self.compressor.encoder_name}, status_code=200 if ready else 503)
 
     async def metrics_text(self, request: Request) -> Response:
         """Prometheus text (`Metrics.exposition`)."""

@@ -111,3 +111,12 @@ def test_workers_store_and_threads_come_from_every_source_and_workers_need_a_sha
         server_config(settings(["--upstream", "http://u", "--store", "postgres://user:secret@h/db"]))
     assert "secret" not in str(err.value)  # a URL's credentials never reach a message
     assert server_config(settings(["--upstream", "http://u"])).store == "memory"
+
+
+def test_compress_process_comes_from_the_flag_the_environment_or_the_file(tmp_path):
+    path = tmp_path / "gem.toml"
+    path.write_text('upstream = "http://u"\ncompress_process = true\n')
+    assert server_config(settings(["--config", str(path)])).compress_process is True
+    assert server_config(settings(["--upstream", "http://u"], {"GEM_COMPRESS_PROCESS": "1"})).compress_process
+    assert server_config(settings(["--upstream", "http://u", "--compress-process"])).compress_process is True
+    assert server_config(settings(["--upstream", "http://u"])).compress_process is False
