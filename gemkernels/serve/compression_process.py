@@ -14,6 +14,7 @@ closes, so it never outlives the proxy.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -206,7 +207,7 @@ class Child:
         finally:
             theirs.close()
         reader, writer = await asyncio.open_connection(sock=ours, limit=1 << 20)
-        writer.write(frame(config))
+        writer.write(frame((config, logger.getEffectiveLevel())))
         await writer.drain()
         return cls(process, reader, writer)
 
@@ -224,7 +225,7 @@ class RecordedMetric:
     """Stands in for one of `Metrics`'s metrics in the compression process: each update becomes an event (name,
     labels, method, value) for the proxy to apply."""
 
-    def __init__(self, name: str, events: list, labels: tuple[str, ...] = ()):
+    def __init__(self, name: str, events: collections.deque, labels: tuple[str, ...] = ()):
         self.name, self.events, self.label_values = name, events, labels
 
     def labels(self, *values: str) -> RecordedMetric:
@@ -248,7 +249,7 @@ class RecordedMetrics:
     except its compressions' results, which the proxy counts from the answers."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, tuple[str, ...], str, float]] = []
+        self.events: collections.deque[tuple[str, tuple[str, ...], str, float]] = collections.deque()
 
     def __getattr__(self, name: str) -> RecordedMetric:
         return RecordedMetric(name, self.events)
@@ -261,8 +262,8 @@ class RecordedMetrics:
         """Counted by the proxy."""
 
     def drain(self) -> list[tuple[str, tuple[str, ...], str, float]]:
-        events, self.events[:] = list(self.events), []
-        return events
+        """The events recorded since the last drain (the batchers' threads record too: each taken exactly once)."""
+        return [self.events.popleft() for _ in range(len(self.events))]
 
 
 def apply_events(metrics: Metrics, events: list[tuple[str, tuple[str, ...], str, float]]) -> None:
@@ -280,7 +281,8 @@ async def serve(sock: socket.socket) -> None:
     from gemkernels.serve.compressor import Compressor, warm_up_kernels
 
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
-    config = await read_frame(reader)
+    config, level = await read_frame(reader)
+    logger.setLevel(level)  # the proxy's: its start-up and error lines read as if it wrote them
     metrics = RecordedMetrics()
     compressor = Compressor(config, metrics)
     await asyncio.to_thread(warm_up_kernels, compressor)
@@ -322,7 +324,7 @@ async def serve(sock: socket.socket) -> None:
 
 def main(argv: Sequence[str]) -> None:
     """``python -m gemkernels.serve.compression_process FD``: serve the proxy on the socket ``FD``."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")  # as the proxy prints them
     sock = socket.socket(fileno=int(argv[0]))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     asyncio.run(serve(sock))

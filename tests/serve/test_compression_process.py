@@ -72,9 +72,8 @@ def metric(url: str, name: str, **labels: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            if all(f'{key}="{value}"' in line for key, value in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
+        if line.startswith((name + "{", name + " ")) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
     return total
 
 
@@ -145,8 +144,45 @@ def test_a_process_that_cannot_start_stops_the_proxy_with_its_error(capfd):
     from starlette.testclient import TestClient
 
     config = ServerConfig(upstream="http://127.0.0.1:9/v1", encoder="no-such-encoder", compress_process=True)
-    with pytest.raises(RuntimeError, match="compression process did not start"):
-        with TestClient(create_app(config)):
-            pass
+    with pytest.raises(RuntimeError, match="compression process did not start"), TestClient(create_app(config)):
+        pass
     assert "no-such-encoder" in capfd.readouterr().err  # the process's own error names the cause
     assert compression_children() == set()
+
+
+def test_recorded_metrics_apply_as_the_direct_updates_and_no_event_is_lost_between_threads():
+    """What the process's `Compressor` counts reaches the proxy's metrics as if counted there (the proxy's own
+    pending gauge aside), and a drain racing the batchers' threads takes every event exactly once."""
+    import threading
+
+    from gemkernels.serve.metrics import Metrics
+
+    recorded, direct, proxied = compression_process.RecordedMetrics(), Metrics(), Metrics()
+    for metrics in (recorded, direct):
+        metrics.requests.labels("/v1/chat/completions", "passthrough").inc()
+        metrics.passthroughs.labels("queue_full").inc(2)
+        metrics.sessions.set(7)
+        metrics.observe_batch("encode", 5, 0.25)
+        metrics.store_round_trips.inc()
+    recorded.pending.inc()  # the proxy counts its own
+    compression_process.apply_events(proxied, recorded.drain())
+    def values(metrics: Metrics) -> list[bytes]:  # every sample but the metrics' creation times
+        return [line for line in metrics.exposition().splitlines() if b"_created" not in line]
+
+    assert values(proxied) == values(direct)
+    assert any(line.startswith(b"gem_sessions 7") for line in values(proxied))
+
+    def record(n: int) -> None:
+        for _ in range(n):
+            recorded.store_round_trips.inc()
+
+    threads = [threading.Thread(target=record, args=(20_000,)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    drained = []
+    while any(thread.is_alive() for thread in threads):
+        drained += recorded.drain()
+    for thread in threads:
+        thread.join()
+    drained += recorded.drain()
+    assert len(drained) == 60_000
