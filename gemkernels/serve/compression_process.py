@@ -2,13 +2,15 @@
 compression's Python never holds the GIL that the proxy's event loop needs: requests that are only forwarded, and
 every request's reading and forwarding, run on one core while compressions run on another.
 
-The proxy talks to the process over a socket pair in frames (a 4-byte length, then a pickle): the server config
+The proxy talks to the process over a socket pair in frames (an 8-byte length, then a pickle): the server config
 first, then one frame per compression (its id, the arguments of `Compressor.compress`) and one per answer (the
 removed positions and GEM's stats, or None; the metrics the process counted meanwhile). The process answers with
-`Compressor.compress` of the same arguments, so a session's decisions are those of the in-process compressor. When
-the process dies, every compression waiting on it and every request until a new one has started goes out unchanged
-(``compressor_down``); the proxy starts a new one, whose sessions start afresh. The process exits when the socket
-closes, so it never outlives the proxy.
+`Compressor.compress` of the same arguments, so a session's decisions are those of the in-process compressor.
+Whatever goes wrong sends the request out unchanged, its reason counted: a history that cannot be pickled
+(``internal_error``), the process down, stopping or starting (``compressor_down``; the proxy starts a new one, whose
+sessions start afresh, at once and then at growing intervals while they keep stopping), no answer within the
+encoding budget and `ANSWER_GRACE_S` (``compressor_timeout``). The process exits when its socket closes and, on
+Linux, is killed with the proxy's event loop thread (the one that started it), so it never outlives the proxy.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import json
 import logging
 import os
 import pickle
@@ -35,15 +38,22 @@ from gemkernels.serve.metrics import Metrics
 
 logger = logging.getLogger("gemkernels.serve")
 
-FRAME_HEADER = struct.Struct(">I")
+FRAME_HEADER = struct.Struct(">Q")
 #: The metric a frame's events never carry: the proxy counts its own pending compressions.
 OWN_METRICS = frozenset({"pending"})
 #: Seconds the proxy waits for the process to start (encoder loaded, kernels compiled) before serving without it.
 START_TIMEOUT_S = 600.0
-#: The least seconds between two starts of the process after it stopped.
-RESTART_INTERVAL_S = 5.0
+#: Seconds between the starts of a process that keeps stopping: the first restart at once, then doubling to the most.
+RESTART_INTERVAL_S, MAX_RESTART_INTERVAL_S = 5.0, 300.0
 #: Seconds the process has to finish its compressions and exit when the proxy stops, before it is killed.
 STOP_TIMEOUT_S = 30.0
+#: Seconds past the encoding budget a request waits for its answer before it goes out unchanged (a stopped process).
+ANSWER_GRACE_S = 30.0
+#: A history whose body is larger than this is pickled off the event loop (the proxy parses such bodies there too).
+INLINE_FRAME_BYTES = 256 << 10
+#: How the process is started: ``sys.path`` set to the proxy's first, so that both import the same modules.
+BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
+        "from gemkernels.serve.compression_process import main; main(sys.argv[1:2])")
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Any:
@@ -52,10 +62,10 @@ async def read_frame(reader: asyncio.StreamReader) -> Any:
     return pickle.loads(await reader.readexactly(length))
 
 
-def frame(obj: Any) -> bytes:
-    """``obj`` as a frame."""
+def frame(obj: Any) -> list[bytes]:
+    """``obj`` as a frame: its header and its pickle (written one after the other, not copied into one)."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return FRAME_HEADER.pack(len(data)) + data
+    return [FRAME_HEADER.pack(len(data)), data]
 
 
 class ProcessCompressor:
@@ -68,13 +78,13 @@ class ProcessCompressor:
         self.waiting: dict[int, tuple[Sequence[Any], asyncio.Future]] = {}
         self.child: Child | None = None
         self.starting: asyncio.Task | None = None
-        self.started_at = -RESTART_INTERVAL_S
+        self.next_start, self.restart_interval = 0.0, RESTART_INTERVAL_S
+        self.closing = False  # aclose began: no new compression, no new process
         self.encoder_name, self.gem_config = config.encoder, GEMConfig()
 
     async def start(self) -> None:
         """Start the process and wait until it serves (its encoder loaded, its kernels compiled); RuntimeError when
         it does not (its own error is on the proxy's stderr)."""
-        self.started_at = time.monotonic()
         self.starting = asyncio.ensure_future(self._start())
         await self.starting
         if self.child is None:
@@ -85,44 +95,66 @@ class ProcessCompressor:
         try:
             child = await Child.launch(self.config)
             ready = await asyncio.wait_for(read_frame(child.reader), START_TIMEOUT_S)
-        except Exception:
-            logger.exception("gemkernels: the compression process did not start; forwarding requests unchanged")
+        except BaseException as err:  # cancelled by aclose too: the process goes with it
             if child is not None:
-                child.close()
+                await child.close()
+            if not isinstance(err, Exception):
+                raise
+            logger.exception("gemkernels: the compression process did not start; forwarding requests unchanged")
+            self._back_off()
             return
         self.encoder_name, self.gem_config = ready["encoder"], ready["config"]
-        self.child = child
+        self.child, self.restart_interval = child, RESTART_INTERVAL_S
         child.answers = asyncio.ensure_future(self._read_answers(child))
+
+    def _back_off(self) -> None:
+        """The next start no sooner than the restart interval from now, which doubles up to its most."""
+        self.next_start = time.monotonic() + self.restart_interval
+        self.restart_interval = min(2 * self.restart_interval, MAX_RESTART_INTERVAL_S)
 
     async def compress(self, route: str, messages: Any, session_id: str | None, goal: str | None = None,
                        message_sizes: Sequence[int] | None = None, tenant: str | None = None,
                        wait_for_encoding: bool = False, save: bool = True,
                        message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None) -> Compressed | None:
-        """`Compressor.compress` in the compression process; None (the request goes out unchanged) while it is down
-        or too many compressions wait."""
+        """`Compressor.compress` in the compression process (its encoding budget counted from now); None (the request
+        goes out unchanged, the reason counted) while it is down or stopping, when too many compressions wait, when
+        the request cannot be sent to it, or when its answer takes the budget and `ANSWER_GRACE_S` more."""
+        started = time.monotonic()
         child = self.child
-        if child is None or child.answers.done():
+        if self.closing or child is None or child.answers.done() or child.stopping:
             self._restart()
             return self._unchanged(route, "compressor_down")
         if len(self.waiting) >= self.config.max_pending:
             return self._unchanged(route, "queue_full")
+        arguments = (route, messages, session_id, goal, message_sizes, tenant, wait_for_encoding, save, message_bytes,
+                     started)
         key = next(self.ids)
+        try:
+            large = message_bytes is not None and len(message_bytes[0]) > INLINE_FRAME_BYTES
+            data = await asyncio.to_thread(frame, (key, arguments)) if large else frame((key, arguments))
+        except Exception:  # what cannot be pickled (JSON nested past the recursion limit) goes out as it came
+            logger.warning("gemkernels: could not send a compression to its process; forwarding it unchanged",
+                           exc_info=True)
+            return self._unchanged(route, "internal_error")
         answer = asyncio.get_running_loop().create_future()
         self.waiting[key] = (messages, answer)
         self.metrics.pending.inc()
+        budget = None if wait_for_encoding or self.config.encode_budget is None else self.config.encode_budget
         try:
-            child.writer.write(frame((key, (route, messages, session_id, goal, message_sizes, tenant,
-                                            wait_for_encoding, save, message_bytes))))
-            await child.writer.drain()
-            result = await answer
-        except (ConnectionError, OSError):
+            child.writer.writelines(data)
+            async with child.draining:  # Python 3.10 before 3.10.8 lets one task at a time wait in drain()
+                await child.writer.drain()
+            result = await asyncio.wait_for(answer, None if budget is None else budget + ANSWER_GRACE_S)
+        except asyncio.TimeoutError:
+            result = TimedOut
+        except Exception:  # the process went away (or is stopping) while this was sent
             result = ProcessDown
         finally:
             self.waiting.pop(key, None)
             self.metrics.pending.dec()
-        if result is None or result is ProcessDown:
-            if result is ProcessDown or child.answers.done():
-                return self._unchanged(route, "compressor_down")
+        if result is ProcessDown or result is TimedOut:
+            return self._unchanged(route, "compressor_down" if result is ProcessDown else "compressor_timeout")
+        if result is None:
             return None  # the process counted why
         self.metrics.observe_compression(route, result)
         return result
@@ -132,11 +164,11 @@ class ProcessCompressor:
         self.metrics.passthroughs.labels(reason).inc()
 
     def _restart(self) -> None:
-        """Start a new process in the background, unless one is starting or the last start was under
-        `RESTART_INTERVAL_S` ago."""
-        now = time.monotonic()
-        if (self.starting is None or self.starting.done()) and now - self.started_at >= RESTART_INTERVAL_S:
-            self.started_at = now
+        """Start a new process in the background, unless the proxy is stopping, one is starting, or the last one
+        stopped too recently (`RESTART_INTERVAL_S`, doubling while they keep stopping)."""
+        if self.closing or (self.starting is not None and not self.starting.done()):
+            return
+        if time.monotonic() >= self.next_start:
             self.starting = asyncio.ensure_future(self._start())
 
     async def _read_answers(self, child: Child) -> None:
@@ -159,28 +191,32 @@ class ProcessCompressor:
             pass
         except Exception:
             logger.exception("gemkernels: unreadable answer from the compression process")
+        status = await child.close(wait_s=STOP_TIMEOUT_S if child.stopping else 0.0)
         if not child.stopping:
-            logger.warning("gemkernels: the compression process stopped (exit %s); requests go out unchanged until "
-                           "a new one has started", child.process.poll())
-        child.close()
+            logger.warning("gemkernels: the compression process stopped (exit status %s); requests go out unchanged "
+                           "until a new one has started", status)
+            self._back_off()
+            self.next_start = time.monotonic()  # the first restart at once; `_back_off` spaces the next ones
+        self.metrics.sessions.set(0)  # its sessions went with it
         for _, future in list(self.waiting.values()):
             if not future.done():
                 future.set_result(ProcessDown)
 
     async def aclose(self) -> None:
-        """Let the process finish its compressions and exit (killed after `STOP_TIMEOUT_S`)."""
-        if self.starting is not None:
+        """Let the process finish its compressions and exit (killed after `STOP_TIMEOUT_S`); a process still starting
+        is stopped at once."""
+        self.closing = True
+        if self.starting is not None and not self.starting.done():
+            self.starting.cancel()
             await asyncio.gather(self.starting, return_exceptions=True)
         child = self.child
-        if child is None:
-            return
-        if child.answers.done():
+        if child is None or child.answers.done():
             return
         child.stopping = True
         child.writer.write_eof()  # the process finishes what it started, answers it, then exits
         try:
-            await asyncio.wait_for(asyncio.to_thread(child.process.wait), STOP_TIMEOUT_S)
-        except asyncio.TimeoutError:
+            await asyncio.wait_for(asyncio.shield(child.answers), STOP_TIMEOUT_S)
+        except asyncio.TimeoutError:  # a compression that does not end: the reader then sees the socket close
             child.process.kill()
         await asyncio.gather(child.answers, return_exceptions=True)
 
@@ -189,33 +225,47 @@ class ProcessDown:
     """The answer of a compression whose process stopped before answering."""
 
 
+class TimedOut:
+    """The answer of a compression whose process did not answer in time."""
+
+
 class Child:
     """A running compression process and the proxy's end of its socket."""
 
     def __init__(self, process: subprocess.Popen, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.process, self.reader, self.writer = process, reader, writer
         self.stopping = False  # the proxy asked it to exit
+        self.draining = asyncio.Lock()
         self.answers: asyncio.Future = asyncio.get_running_loop().create_future()  # then `_read_answers`
 
     @classmethod
     async def launch(cls, config: ServerConfig) -> Child:
-        """``python -m gemkernels.serve.compression_process FD``, sent ``config``."""
+        """The process (`BOOT`) on one end of a socket pair, sent ``config`` and the proxy's log level. It has a
+        session of its own (a Ctrl-C to the proxy stops it through the proxy, in order) and dies with the proxy
+        (`main`)."""
         ours, theirs = socket.socketpair()
         try:
-            process = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
-                                       pass_fds=(theirs.fileno(),))
+            process = subprocess.Popen([sys.executable, "-c", BOOT, str(theirs.fileno()), json.dumps(sys.path)],
+                                       pass_fds=(theirs.fileno(),), start_new_session=True)
         finally:
             theirs.close()
         reader, writer = await asyncio.open_connection(sock=ours, limit=1 << 20)
-        writer.write(frame((config, logger.getEffectiveLevel())))
-        await writer.drain()
+        writer.writelines(frame((config, logging.getLogger("gemkernels").getEffectiveLevel())))
         return cls(process, reader, writer)
 
-    def close(self) -> None:
+    async def close(self, wait_s: float = 0.0) -> int | None:
+        """Close the socket; wait up to ``wait_s`` for the process to exit, then kill it; reaped off the event loop.
+        Returns its exit status."""
         self.writer.close()
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.process.wait), wait_s) if wait_s else None
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                await asyncio.to_thread(self.process.wait)
+        return self.process.returncode
 
 
 # --------------------------------------------------------------------------- the compression process
@@ -282,11 +332,11 @@ async def serve(sock: socket.socket) -> None:
 
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
     config, level = await read_frame(reader)
-    logger.setLevel(level)  # the proxy's: its start-up and error lines read as if it wrote them
+    logging.getLogger("gemkernels").setLevel(level)  # the proxy's: its lines read as if the proxy wrote them
     metrics = RecordedMetrics()
     compressor = Compressor(config, metrics)
     await asyncio.to_thread(warm_up_kernels, compressor)
-    writer.write(frame({"encoder": compressor.encoder_name, "config": compressor.gem_config}))
+    writer.writelines(frame({"encoder": compressor.encoder_name, "config": compressor.gem_config}))
     running: set[asyncio.Task] = set()
 
     async def answer(key: int, arguments: tuple) -> None:
@@ -305,7 +355,7 @@ async def serve(sock: socket.socket) -> None:
             metrics.requests.labels(route, PASSTHROUGH).inc()
             metrics.passthroughs.labels("internal_error").inc()
             answered = frame((key, None, None, metrics.drain()))
-        writer.write(answered)
+        writer.writelines(answered)
 
     try:
         while True:
@@ -323,12 +373,28 @@ async def serve(sock: socket.socket) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    """``python -m gemkernels.serve.compression_process FD``: serve the proxy on the socket ``FD``."""
+    """The compression process (`BOOT`, ``argv``: the socket's file descriptor): dies with the proxy (Linux's parent
+    death signal; elsewhere when the socket closes), then serves it on the socket."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")  # as the proxy prints them
-    sock = socket.socket(fileno=int(argv[0]))
+    die_with_parent()
+    fd = int(argv[0])
+    os.set_inheritable(fd, False)  # a process it starts must not hold the proxy's socket open
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    asyncio.run(serve(sock))
+    asyncio.run(serve(socket.socket(fileno=fd)))
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def die_with_parent() -> None:
+    """On Linux, have the kernel kill this process when its parent dies (``PR_SET_PDEATHSIG``), and exit now if the
+    parent died before that was set; elsewhere nothing (the process exits when its socket closes)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)

@@ -99,12 +99,15 @@ class Compressor:
     async def compress(self, route: str, messages: Any, session_id: str | None, goal: str | None = None,
                        message_sizes: Sequence[int] | None = None, tenant: str | None = None,
                        wait_for_encoding: bool = False, save: bool = True,
-                       message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None) -> Compressed | None:
+                       message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None,
+                       started: float | None = None) -> Compressed | None:
         """`GEM.compress` in the pool (``message_sizes``: each message's bytes in the body that will go out;
         ``tenant``: whose sessions these are; ``wait_for_encoding``: no encoding budget; ``save=False``: a dry run;
-        ``message_bytes``: the body and each message's byte range in it, `GEM.compress`'s);
+        ``message_bytes``: the body and each message's byte range in it, `GEM.compress`'s; ``started``: the
+        ``time.monotonic()`` the encoding budget counts from, default now);
         None when the request must go out unchanged for a reason outside GEM."""
-        deadline = None if wait_for_encoding or self.encode_budget is None else time.monotonic() + self.encode_budget
+        started = time.monotonic() if started is None else started
+        deadline = None if wait_for_encoding or self.encode_budget is None else started + self.encode_budget
         if self.pending >= self.max_pending:
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
             self.metrics.passthroughs.labels("queue_full").inc()

@@ -186,3 +186,164 @@ def test_recorded_metrics_apply_as_the_direct_updates_and_no_event_is_lost_betwe
         thread.join()
     drained += recorded.drain()
     assert len(drained) == 60_000
+
+
+# --------------------------------------------------------------------------- the proxy's side, driven directly
+
+
+def run_with(compressor_test, **config):
+    """``compressor_test(pc)`` inside an event loop, with a started `ProcessCompressor` of the hash encoder, closed
+    after (whatever the test did to its process)."""
+    import asyncio
+
+    from gemkernels.serve.metrics import Metrics
+
+    async def main():
+        pc = compression_process.ProcessCompressor(
+            ServerConfig(upstream="http://127.0.0.1:9/v1", preset="cache-aware", encoder="hash", **config), Metrics())
+        await pc.start()
+        try:
+            return await compressor_test(pc)
+        finally:
+            await pc.aclose()
+
+    return asyncio.run(main())
+
+
+def passthroughs(pc, reason: str) -> float:
+    return pc.metrics.passthroughs.labels(reason)._value.get()
+
+
+def test_a_history_that_cannot_be_pickled_goes_out_unchanged_not_as_an_error():
+    """JSON nested close to the recursion limit parses, but pickling it on the event loop's deeper stack raised
+    RecursionError out of `compress`: the proxy's own 500 (review of the first version)."""
+    import sys
+
+    deep: list = []
+    for _ in range(sys.getrecursionlimit()):
+        deep = [deep]
+    messages = [{"role": "user", "content": "hi", "meta": deep}]
+
+    async def test(pc):
+        result = await pc.compress("/v1/chat/completions", messages, "deep")
+        return result, passthroughs(pc, "internal_error")
+
+    assert run_with(test) == (None, 1.0)
+
+
+def test_an_orderly_stop_lets_the_process_exit_by_itself_and_nothing_restarts_it():
+    """aclose: the process finishes and exits 0 (it was killed, -9, after its socket closed), a compression asked
+    after that goes out unchanged (it raised: write after write_eof), and no process is started for it."""
+    import asyncio
+
+    async def test(pc):
+        child = pc.child
+        assert os.getsid(child.process.pid) != os.getsid(0)  # a terminal's Ctrl-C reaches the proxy only
+        await pc.aclose()
+        after = await pc.compress("/v1/chat/completions", MESSAGES[:28], "late")
+        await asyncio.sleep(0.2)
+        return child.process.returncode, after, pc.starting.done(), passthroughs(pc, "compressor_down")
+
+    status, after, no_start, down = run_with(test)
+    assert (status, after, no_start, down) == (0, None, True, 1.0)
+    assert compression_children() == set()
+
+
+def test_a_stopped_process_costs_a_request_its_budget_and_the_grace_not_forever(monkeypatch):
+    monkeypatch.setattr(compression_process, "ANSWER_GRACE_S", 0.5)
+
+    async def test(pc):
+        pid = pc.child.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            result = await pc.compress("/v1/chat/completions", MESSAGES[:40], "stopped")
+            waited = time.monotonic() - started
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        return result, waited, passthroughs(pc, "compressor_timeout"), len(pc.waiting)
+
+    result, waited, timeouts, waiting = run_with(test, encode_budget=0.2)
+    assert result is None and timeouts == 1.0 and waiting == 0
+    assert 0.6 <= waited < 5
+
+
+def test_the_process_dies_with_the_thread_that_started_it(tmp_path):
+    """`die_with_parent`: a parent killed outright (no socket closed in order) takes the process with it."""
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "child.pid"
+    (tmp_path / "child.py").write_text(
+        "import os, sys, time\n"
+        "from gemkernels.serve.compression_process import die_with_parent\n"
+        "die_with_parent()\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n")
+    (tmp_path / "parent.py").write_text(
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, {str(tmp_path / 'child.py')!r}])\n"
+        "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py")])
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert alive(child)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child)
+    finally:
+        parent.kill()
+
+
+def test_a_large_history_is_pickled_off_the_event_loop(monkeypatch):
+    """A 40 MiB body pickled on the event loop stalled every other request for 580 ms (review of the first version):
+    past `INLINE_FRAME_BYTES` the frame is built in a thread, and a small one stays inline."""
+    import threading
+
+    built = []
+    original = compression_process.frame
+
+    def frame(obj):
+        built.append(threading.current_thread() is threading.main_thread())
+        return original(obj)
+
+    monkeypatch.setattr(compression_process, "frame", frame)
+    history = MESSAGES[:28]
+    big_history = [*history[:-1], {**history[-1], "content": "x" * (compression_process.INLINE_FRAME_BYTES + 1)}]
+
+    async def test(pc):
+        built.clear()  # the config frame the start sent
+        for messages in (history, big_history):
+            body = json.dumps({"model": "m", "messages": messages}).encode()
+            await pc.compress("/v1/chat/completions", messages, "sizes", message_bytes=(body, []))
+
+    run_with(test)
+    assert built == [True, False]
+
+
+def test_a_process_that_never_finishes_is_killed_when_the_proxy_stops(monkeypatch):
+    monkeypatch.setattr(compression_process, "STOP_TIMEOUT_S", 0.5)
+
+    async def test(pc):
+        child = pc.child
+        os.kill(child.process.pid, signal.SIGSTOP)  # it never reads the end of its socket, never exits by itself
+        started = time.monotonic()
+        await pc.aclose()
+        return time.monotonic() - started, child.process.returncode
+
+    waited, status = run_with(test)
+    assert waited < 5 and status == -signal.SIGKILL
+    assert compression_children() == set()
