@@ -43,8 +43,9 @@ FRAME_HEADER = struct.Struct(">Q")
 OWN_METRICS = frozenset({"pending"})
 #: Seconds the proxy waits for the process to start (encoder loaded, kernels compiled) before serving without it.
 START_TIMEOUT_S = 600.0
-#: Seconds between the starts of a process that keeps stopping: the first restart at once, then doubling to the most.
-RESTART_INTERVAL_S, MAX_RESTART_INTERVAL_S = 5.0, 300.0
+#: Seconds between the starts of a process that keeps stopping: a process that served `STEADY_S` or more is restarted
+#: at once; one that stopped sooner, or did not start, after the interval, which doubles each time up to its most.
+RESTART_INTERVAL_S, MAX_RESTART_INTERVAL_S, STEADY_S = 5.0, 300.0, 60.0
 #: Seconds the process has to finish its compressions and exit when the proxy stops, before it is killed.
 STOP_TIMEOUT_S = 30.0
 #: Seconds past the encoding budget a request waits for its answer before it goes out unchanged (a stopped process).
@@ -104,7 +105,7 @@ class ProcessCompressor:
             self._back_off()
             return
         self.encoder_name, self.gem_config = ready["encoder"], ready["config"]
-        self.child, self.restart_interval = child, RESTART_INTERVAL_S
+        self.child = child
         child.answers = asyncio.ensure_future(self._read_answers(child))
 
     def _back_off(self) -> None:
@@ -195,8 +196,10 @@ class ProcessCompressor:
         if not child.stopping:
             logger.warning("gemkernels: the compression process stopped (exit status %s); requests go out unchanged "
                            "until a new one has started", status)
-            self._back_off()
-            self.next_start = time.monotonic()  # the first restart at once; `_back_off` spaces the next ones
+            if time.monotonic() - child.started_at >= STEADY_S:
+                self.next_start, self.restart_interval = 0.0, RESTART_INTERVAL_S
+            else:
+                self._back_off()
         self.metrics.sessions.set(0)  # its sessions went with it
         for _, future in list(self.waiting.values()):
             if not future.done():
@@ -235,6 +238,7 @@ class Child:
     def __init__(self, process: subprocess.Popen, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.process, self.reader, self.writer = process, reader, writer
         self.stopping = False  # the proxy asked it to exit
+        self.started_at = time.monotonic()
         self.draining = asyncio.Lock()
         self.answers: asyncio.Future = asyncio.get_running_loop().create_future()  # then `_read_answers`
 

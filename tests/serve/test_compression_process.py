@@ -347,3 +347,38 @@ def test_a_process_that_never_finishes_is_killed_when_the_proxy_stops(monkeypatc
     waited, status = run_with(test)
     assert waited < 5 and status == -signal.SIGKILL
     assert compression_children() == set()
+
+
+def test_a_process_that_keeps_dying_is_restarted_at_growing_intervals(monkeypatch):
+    """A request that kills the process must not have it reload its encoder on every call: one that dies within
+    `STEADY_S` of starting waits the interval, which doubles; one that served longer is replaced at once."""
+    import asyncio
+
+    monkeypatch.setattr(compression_process, "RESTART_INTERVAL_S", 0.4)
+
+    async def kill_and_wait(pc):
+        child = pc.child
+        os.kill(child.process.pid, signal.SIGKILL)
+        await asyncio.gather(child.answers, return_exceptions=True)
+        return time.monotonic()
+
+    async def serving_again(pc, old):
+        while pc.child is old or pc.child is None or pc.child.answers.done():
+            await pc.compress("/v1/chat/completions", MESSAGES[:28], "k")  # a request is what restarts it
+            await asyncio.sleep(0.02)
+        return time.monotonic()
+
+    async def test(pc):
+        gaps = []
+        for _ in range(2):
+            old = pc.child
+            died = await kill_and_wait(pc)
+            gaps.append(await serving_again(pc, old) - died)
+        pc.child.started_at -= compression_process.STEADY_S  # this one served long enough
+        await kill_and_wait(pc)
+        await pc.compress("/v1/chat/completions", MESSAGES[:28], "k")
+        return gaps, not pc.starting.done() and pc.next_start == 0.0  # a start in flight, not waiting
+
+    gaps, at_once = run_with(test)
+    assert gaps[0] >= 0.4 and gaps[1] >= 0.8 and at_once
+    assert compression_children() == set()
