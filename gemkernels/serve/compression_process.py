@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import json
 import logging
 import os
 import pickle
@@ -52,9 +51,13 @@ STOP_TIMEOUT_S = 30.0
 ANSWER_GRACE_S = 30.0
 #: A history whose body is larger than this is pickled off the event loop (the proxy parses such bodies there too).
 INLINE_FRAME_BYTES = 256 << 10
-#: How the process is started: ``sys.path`` set to the proxy's first, so that both import the same modules.
-BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
-        "from gemkernels.serve.compression_process import main; main(sys.argv[1:2])")
+#: How the process is started (``-c BOOT FD PROXY_PID PATH...``): ``sys.path`` set to the proxy's before any import,
+#: so that both import the same modules (not the working directory's, which ``-c`` puts first).
+BOOT = ("import sys; sys.path[:] = sys.argv[3:]; "
+        "from gemkernels.serve.compression_process import main; main(sys.argv[1:3])")
+#: Consecutive compressions left unanswered past their time after which a live process counts as wedged and is killed
+#: (and so replaced).
+WEDGED_AFTER = 3
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Any:
@@ -64,9 +67,15 @@ async def read_frame(reader: asyncio.StreamReader) -> Any:
 
 
 def frame(obj: Any) -> list[bytes]:
-    """``obj`` as a frame: its header and its pickle (written one after the other, not copied into one)."""
+    """``obj`` as a frame: its header and its pickle (`send`: written one after the other, not joined first)."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return [FRAME_HEADER.pack(len(data)), data]
+
+
+def send(writer: asyncio.StreamWriter, data: list[bytes]) -> None:
+    """Write a `frame` (``writelines`` would join its pieces into one more copy)."""
+    for piece in data:
+        writer.write(piece)
 
 
 class ProcessCompressor:
@@ -81,6 +90,7 @@ class ProcessCompressor:
         self.starting: asyncio.Task | None = None
         self.next_start, self.restart_interval = 0.0, RESTART_INTERVAL_S
         self.closing = False  # aclose began: no new compression, no new process
+        self.unanswered = 0  # compressions in a row whose answer did not come in time
         self.encoder_name, self.gem_config = config.encoder, GEMConfig()
 
     async def start(self) -> None:
@@ -105,7 +115,7 @@ class ProcessCompressor:
             self._back_off()
             return
         self.encoder_name, self.gem_config = ready["encoder"], ready["config"]
-        self.child = child
+        self.child, child.started_at, self.unanswered = child, time.monotonic(), 0
         child.answers = asyncio.ensure_future(self._read_answers(child))
 
     def _back_off(self) -> None:
@@ -130,22 +140,27 @@ class ProcessCompressor:
         arguments = (route, messages, session_id, goal, message_sizes, tenant, wait_for_encoding, save, message_bytes,
                      started)
         key = next(self.ids)
-        try:
-            large = message_bytes is not None and len(message_bytes[0]) > INLINE_FRAME_BYTES
-            data = await asyncio.to_thread(frame, (key, arguments)) if large else frame((key, arguments))
+        try:  # large or unmeasured histories (`POST /v1/gem/compress` has no body bytes) are pickled off the loop
+            inline = message_bytes is not None and len(message_bytes[0]) <= INLINE_FRAME_BYTES
+            data = frame((key, arguments)) if inline else await asyncio.to_thread(frame, (key, arguments))
         except Exception:  # what cannot be pickled (JSON nested past the recursion limit) goes out as it came
             logger.warning("gemkernels: could not send a compression to its process; forwarding it unchanged",
                            exc_info=True)
             return self._unchanged(route, "internal_error")
         answer = asyncio.get_running_loop().create_future()
-        self.waiting[key] = (messages, answer)
-        self.metrics.pending.inc()
-        budget = None if wait_for_encoding or self.config.encode_budget is None else self.config.encode_budget
-        try:
-            child.writer.writelines(data)
+
+        async def exchange() -> Any:
+            send(child.writer, data)
             async with child.draining:  # Python 3.10 before 3.10.8 lets one task at a time wait in drain()
                 await child.writer.drain()
-            result = await asyncio.wait_for(answer, None if budget is None else budget + ANSWER_GRACE_S)
+            return await answer
+
+        self.waiting[key] = (messages, answer)
+        self.metrics.pending.inc()
+        budget = self.config.encode_budget
+        limit = START_TIMEOUT_S if wait_for_encoding or budget is None else budget + ANSWER_GRACE_S
+        try:  # one deadline over sending (a process that stopped reading) and answering
+            result = await asyncio.wait_for(exchange(), limit)
         except asyncio.TimeoutError:
             result = TimedOut
         except Exception:  # the process went away (or is stopping) while this was sent
@@ -153,8 +168,16 @@ class ProcessCompressor:
         finally:
             self.waiting.pop(key, None)
             self.metrics.pending.dec()
-        if result is ProcessDown or result is TimedOut:
-            return self._unchanged(route, "compressor_down" if result is ProcessDown else "compressor_timeout")
+        if result is TimedOut:
+            self.unanswered += 1
+            if self.unanswered >= WEDGED_AFTER and child.process.poll() is None:
+                logger.warning("gemkernels: the compression process left %d compressions in a row unanswered; "
+                               "replacing it", self.unanswered)
+                child.process.kill()  # its reader sees the socket close and counts it stopped
+            return self._unchanged(route, "compressor_timeout")
+        if result is ProcessDown:
+            return self._unchanged(route, "compressor_down")
+        self.unanswered = 0
         if result is None:
             return None  # the process counted why
         self.metrics.observe_compression(route, result)
@@ -216,12 +239,15 @@ class ProcessCompressor:
         if child is None or child.answers.done():
             return
         child.stopping = True
-        child.writer.write_eof()  # the process finishes what it started, answers it, then exits
         try:
+            child.writer.write_eof()  # the process finishes what it started, answers it, then exits
             await asyncio.wait_for(asyncio.shield(child.answers), STOP_TIMEOUT_S)
-        except asyncio.TimeoutError:  # a compression that does not end: the reader then sees the socket close
-            child.process.kill()
-        await asyncio.gather(child.answers, return_exceptions=True)
+        except (asyncio.TimeoutError, RuntimeError, OSError):  # a compression that does not end, or a socket that
+            child.process.kill()  # closed (uvloop raises on it): the reader then sees the end and reaps it
+        try:
+            await asyncio.wait_for(child.answers, STOP_TIMEOUT_S)
+        except Exception:
+            logger.warning("gemkernels: the compression process did not end; leaving it", exc_info=True)
 
 
 class ProcessDown:
@@ -246,29 +272,35 @@ class Child:
     async def launch(cls, config: ServerConfig) -> Child:
         """The process (`BOOT`) on one end of a socket pair, sent ``config`` and the proxy's log level. It has a
         session of its own (a Ctrl-C to the proxy stops it through the proxy, in order) and dies with the proxy
-        (`main`)."""
+        (`die_with_parent`); cancelled or failed here, it is killed and reaped."""
         ours, theirs = socket.socketpair()
         try:
-            process = subprocess.Popen([sys.executable, "-c", BOOT, str(theirs.fileno()), json.dumps(sys.path)],
-                                       pass_fds=(theirs.fileno(),), start_new_session=True)
+            process = subprocess.Popen([sys.executable, "-c", BOOT, str(theirs.fileno()), str(os.getpid()),
+                                        *sys.path], pass_fds=(theirs.fileno(),), start_new_session=True)
         finally:
             theirs.close()
-        reader, writer = await asyncio.open_connection(sock=ours, limit=1 << 20)
-        writer.writelines(frame((config, logging.getLogger("gemkernels").getEffectiveLevel())))
-        return cls(process, reader, writer)
+        try:
+            reader, writer = await asyncio.open_connection(sock=ours, limit=1 << 20)
+            send(writer, frame((config, logging.getLogger("gemkernels").getEffectiveLevel())))
+            return cls(process, reader, writer)
+        except BaseException:
+            ours.close()
+            process.kill()
+            await asyncio.shield(asyncio.to_thread(process.wait))
+            raise
 
     async def close(self, wait_s: float = 0.0) -> int | None:
         """Close the socket; wait up to ``wait_s`` for the process to exit, then kill it; reaped off the event loop.
         Returns its exit status."""
         self.writer.close()
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(self.process.wait), wait_s) if wait_s else None
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                await asyncio.to_thread(self.process.wait)
+        if wait_s:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.process.wait), wait_s)
+            except asyncio.TimeoutError:
+                pass
+        if self.process.poll() is None:
+            self.process.kill()
+            await asyncio.to_thread(self.process.wait)
         return self.process.returncode
 
 
@@ -340,7 +372,7 @@ async def serve(sock: socket.socket) -> None:
     metrics = RecordedMetrics()
     compressor = Compressor(config, metrics)
     await asyncio.to_thread(warm_up_kernels, compressor)
-    writer.writelines(frame({"encoder": compressor.encoder_name, "config": compressor.gem_config}))
+    send(writer, frame({"encoder": compressor.encoder_name, "config": compressor.gem_config}))
     running: set[asyncio.Task] = set()
 
     async def answer(key: int, arguments: tuple) -> None:
@@ -359,7 +391,7 @@ async def serve(sock: socket.socket) -> None:
             metrics.requests.labels(route, PASSTHROUGH).inc()
             metrics.passthroughs.labels("internal_error").inc()
             answered = frame((key, None, None, metrics.drain()))
-        writer.writelines(answered)
+        send(writer, answered)
 
     try:
         while True:
@@ -377,28 +409,27 @@ async def serve(sock: socket.socket) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    """The compression process (`BOOT`, ``argv``: the socket's file descriptor): dies with the proxy (Linux's parent
-    death signal; elsewhere when the socket closes), then serves it on the socket."""
+    """The compression process (`BOOT`; ``argv``: the socket's file descriptor and the proxy's pid): dies with the
+    proxy (`die_with_parent`), then serves it on the socket."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")  # as the proxy prints them
-    die_with_parent()
-    fd = int(argv[0])
+    fd, proxy = int(argv[0]), int(argv[1])
+    die_with_parent(proxy)
     os.set_inheritable(fd, False)  # a process it starts must not hold the proxy's socket open
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     asyncio.run(serve(socket.socket(fileno=fd)))
 
 
-def die_with_parent() -> None:
-    """On Linux, have the kernel kill this process when its parent dies (``PR_SET_PDEATHSIG``), and exit now if the
-    parent died before that was set; elsewhere nothing (the process exits when its socket closes)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
+def die_with_parent(proxy: int) -> None:
+    """Exit now if the parent is no longer ``proxy`` (it died while this process started); on Linux, have the kernel
+    kill this process when the proxy's thread that started it ends (``PR_SET_PDEATHSIG``); elsewhere the process
+    exits when its socket closes."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
 
-    parent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != proxy:
         os._exit(1)
