@@ -383,7 +383,7 @@ def test_a_process_that_keeps_dying_is_restarted_at_growing_intervals(monkeypatc
         return gaps, not pc.starting.done() and pc.next_start == 0.0  # a start in flight, not waiting
 
     gaps, at_once = run_with(test)
-    assert 0.3 <= gaps[0] <= 0.4 and 0.7 <= gaps[1] <= 0.8 and at_once
+    assert 0.2 <= gaps[0] <= 0.4 and 0.6 <= gaps[1] <= 0.8 and at_once
     assert compression_children() == set()
 
 
@@ -403,10 +403,12 @@ def test_a_process_that_stops_reading_costs_requests_their_deadline_then_is_repl
                                        pc.compress("/v1/chat/completions", MESSAGES[:28], "small"))
         waited = time.monotonic() - started
         await asyncio.gather(child.answers, return_exceptions=True)  # killed as wedged, then reaped
-        return results, waited, passthroughs(pc, "compressor_timeout"), child.process.returncode
+        return (results, waited, passthroughs(pc, "compressor_timeout"), passthroughs(pc, "compressor_down"),
+                child.process.returncode)
 
-    results, waited, timeouts, status = run_with(test, encode_budget=0.2)
-    assert results == [None] * 4 and timeouts == 4.0 and waited < 5
+    results, waited, timeouts, down, status = run_with(test, encode_budget=0.2)
+    # the request whose deadline fires after the replacing kill may see the process gone first
+    assert results == [None] * 4 and timeouts >= 3 and timeouts + down == 4 and waited < 5
     assert status == -signal.SIGKILL
 
 
