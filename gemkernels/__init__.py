@@ -6,6 +6,8 @@
     out = gk.GEM("paper").compress(messages, session_id="agent-1")  # a chat request, compressed
 """
 
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 from pathlib import Path
@@ -27,6 +29,34 @@ def _alias_source_kernels() -> None:
 
 
 _alias_source_kernels()
+
+
+class _PastTheCheckout(importlib.abc.MetaPathFinder):
+    """Run from a source checkout's root, the checkout's ``kernels/`` folder would be the top-level package
+    ``kernels`` and hide an installed one of that name (Hugging Face's, which transformers imports since 5.25): the
+    name is looked up on the path without the checkout first, so the installed package wins where there is one."""
+
+    def __init__(self, checkout: Path):
+        self.checkout = checkout
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+        if name != "kernels" or path is not None:
+            return None
+        elsewhere = [entry for entry in sys.path if _resolved(entry) != self.checkout]
+        return importlib.machinery.PathFinder.find_spec(name, elsewhere)
+
+
+def _resolved(entry: str) -> Path | None:
+    try:
+        return Path(entry or ".").resolve()
+    except (OSError, RuntimeError, TypeError):
+        return None
+
+
+_CHECKOUT = Path(__file__).resolve().parent.parent
+if (_CHECKOUT / "kernels" / "__init__.py").is_file() and not any(
+        isinstance(finder, _PastTheCheckout) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _PastTheCheckout(_CHECKOUT))
 
 # the selection package, callable as gemkernels.select.api.select
 from gemkernels import select  # noqa: E402

@@ -61,3 +61,18 @@ def test_the_commit_is_the_imported_packages_not_the_enclosing_repositorys(tmp_p
     assert package_commit(site)[1] is None and package_commit(site)[0] != head
     monkeypatch.setenv("GEMKERNELS_GIT_COMMIT", "abc123")
     assert package_commit(site) == ("abc123", None)
+
+
+def test_an_installed_kernels_package_is_not_hidden_by_the_checkouts_folder(tmp_path):
+    """Run from the checkout's root (the README's test command), ``kernels/`` was the top-level package ``kernels``
+    and hid Hugging Face's, which transformers 5.25 imports: loading a MiniLM through sentence-transformers failed
+    with ImportError (CUDAProperties) in CI. Once gemkernels is imported, an installed ``kernels`` wins."""
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("CUDAProperties = 'installed'\n")
+    code = ("import gemkernels, kernels, importlib.util; "
+            "print(kernels.CUDAProperties, importlib.util.find_spec('kernels').origin)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(site)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "installed" and str(site) in done.stdout

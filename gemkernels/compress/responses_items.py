@@ -82,6 +82,18 @@ def responses_spans(items: Sequence[dict[str, Any]]) -> list[Span]:
     return [Span(tuple(sorted(positions)), tuple(ids)) for positions, ids in blocks]
 
 
+def ends_open(items: Sequence[Any]) -> bool:
+    """Whether `responses_spans` leaves reasoning items pending at the end of ``items``: a reasoning item after the
+    last call with only outputs after it, which a later call will take into its block."""
+    for item in reversed(items):
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "reasoning":
+            return True
+        if kind not in OUTPUT_TYPES:
+            return False
+    return False
+
+
 def responses_block(items: Sequence[dict[str, Any]], span: Span) -> Block:
     """Content of a Responses block: reasoning summaries, calls and outputs."""
     chosen = [items[p] for p in span.positions]

@@ -34,7 +34,7 @@ from gemkernels.compress.blocks import (
     openai_spans,
     parts,
 )
-from gemkernels.compress.responses_items import is_responses_input, responses_spans
+from gemkernels.compress.responses_items import ends_open, is_responses_input, responses_spans
 from gemkernels.compress.text_actions import PROFILES, TextActionProfile, text_action_spans, text_scan_end
 
 #: The roles a kept parse may hold (a request with any other, a Responses item's arbitrary value, parses whole).
@@ -60,7 +60,7 @@ class ParsedHistory:
     roles: tuple[Any, ...]
     keys: tuple[Hashable, ...]
     call_ids: frozenset[str]
-    open_end: bool  # its last message would join a block that starts after it (a Responses reasoning item)
+    open_end: bool  # messages at its end would join a block that starts after them (Responses reasoning, `ends_open`)
 
     @property
     def held_bytes(self) -> int:
@@ -100,8 +100,7 @@ class MessageBytes:
         except TypeError:  # an unhashable role
             return None
         messages = history.messages
-        last = messages[-1] if messages else None
-        open_end = history.format == RESPONSES and isinstance(last, dict) and last.get("type") == "reasoning"
+        open_end = history.format == RESPONSES and ends_open(messages)
         roles = history.roles if type(history.roles) is tuple else tuple(history.roles or ())
         if call_ids is None:
             call_ids = used_call_ids(history.format, messages, history.spans)

@@ -280,3 +280,24 @@ def test_a_parse_with_unknown_roles_or_a_text_body_is_not_kept():
     body, elements = body_of(messages)
     result = gem.compress(messages, session_id="u", message_bytes=(body.decode(), elements))
     assert result.stats.action == "reselected" and gem.store.get("u").parsed is None
+
+
+@pytest.mark.parametrize("between", [True, False])
+def test_reasoning_left_pending_behind_an_output_is_not_resumed_past(between):
+    """A Responses reasoning item after the last call, with only that call's output after it, belongs to the next
+    call's block: a parse that resumed after it gave that block another identity than the whole parse (CI's
+    hypothesis run found it; only a reasoning item in the last place was treated as an open end)."""
+    head = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix it"}]},
+            {"type": "function_call", "call_id": "a", "name": "shell", "arguments": '{"command": "ls"}'}]
+    thinking = {"type": "reasoning", "summary": []}
+    answer = {"type": "function_call_output", "call_id": "a", "output": "x.py"}
+    last = head + ([thinking, answer] if between else [answer, thinking])
+    now = last + [{"type": "function_call", "call_id": "b", "name": "shell", "arguments": '{"command": "cat x.py"}'},
+                  {"type": "function_call_output", "call_id": "b", "output": "print(1)"}]
+    before = parse_history(last)
+    parsed = Marshalled(last).parsed(before, identify(before.format, last, before.spans), None)
+    assert parsed.open_end
+    now_copy = json.loads(json.dumps(now))
+    assert resume(parsed, now_copy, Marshalled(now_copy), identify) is None  # the whole parse says where it goes
+    expected = parse_history(now_copy)
+    assert expected.spans[-1].positions[0] == (2 if between else 3)  # the pending reasoning joined call b's block
