@@ -31,32 +31,29 @@ def _alias_source_kernels() -> None:
 _alias_source_kernels()
 
 
-class _PastTheCheckout(importlib.abc.MetaPathFinder):
-    """Run from a source checkout's root, the checkout's ``kernels/`` folder would be the top-level package
-    ``kernels`` and hide an installed one of that name (Hugging Face's, which transformers imports since 5.25): the
-    name is looked up on the path without the checkout first, so the installed package wins where there is one."""
-
-    def __init__(self, checkout: Path):
-        self.checkout = checkout
+class _PastSourceTrees(importlib.abc.MetaPathFinder):
+    """A gemkernels source tree on ``sys.path`` (a checkout or an unpacked sdist, run from its root or put there by
+    its tests) makes its ``kernels/`` folder the top-level package ``kernels``, hiding an installed one of that name
+    (Hugging Face's, which transformers imports since 5.25): the name is looked up past such trees first, so an
+    installed package wins where there is one."""
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> object:
         if name != "kernels" or path is not None:
             return None
-        elsewhere = [entry for entry in sys.path if _resolved(entry) != self.checkout]
-        return importlib.machinery.PathFinder.find_spec(name, elsewhere)
+        return importlib.machinery.PathFinder.find_spec(name, [e for e in sys.path if not _source_tree(e)])
 
 
-def _resolved(entry: str) -> Path | None:
+def _source_tree(entry: object) -> bool:
+    """Whether a ``sys.path`` entry holds a gemkernels source tree: this project's ``kernels/`` folder at its top
+    (told from another package of that name by its numba kernel's module)."""
     try:
-        return Path(entry or ".").resolve()
-    except (OSError, RuntimeError, TypeError):
-        return None
+        return (Path(entry or ".") / "kernels" / "greedy_cpu.py").is_file()
+    except (OSError, TypeError, ValueError):
+        return False
 
 
-_CHECKOUT = Path(__file__).resolve().parent.parent
-if (_CHECKOUT / "kernels" / "__init__.py").is_file() and not any(
-        isinstance(finder, _PastTheCheckout) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _PastTheCheckout(_CHECKOUT))
+if not any(isinstance(finder, _PastSourceTrees) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _PastSourceTrees())
 
 # the selection package, callable as gemkernels.select.api.select
 from gemkernels import select  # noqa: E402

@@ -76,3 +76,21 @@ def test_an_installed_kernels_package_is_not_hidden_by_the_checkouts_folder(tmp_
                           env={**os.environ, "PYTHONPATH": str(site)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "installed" and str(site) in done.stdout
+
+
+def test_an_installed_kernels_package_wins_over_a_source_tree_that_tests_put_on_the_path(tmp_path):
+    """The sdist stage of CI: gemkernels installed, its tests run from the unpacked sdist with ``-P`` and put the
+    tree's root on sys.path; an installed ``kernels`` beside the installed gemkernels must still win."""
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("CUDAProperties = 'installed'\n")
+    (site / "gemkernels").mkdir()  # as an installed gemkernels sits beside it in site-packages
+    (site / "gemkernels" / "__init__.py").write_text("")
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import gemkernels, kernels; "
+            "print(kernels.CUDAProperties)")
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(site)})
+    if "unknown option -P" in done.stderr or "Unknown option: -P" in done.stderr:
+        pytest.skip("python -P needs Python 3.11")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "installed"
