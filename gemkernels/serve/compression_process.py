@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gemkernels.compress.config import GEMConfig
+from gemkernels.compress.config import with_overrides
 from gemkernels.compress.gem import PASSTHROUGH, Compressed
 from gemkernels.serve.body import removed_positions
 from gemkernels.serve.config import ServerConfig
@@ -91,7 +91,7 @@ class ProcessCompressor:
         self.next_start, self.restart_interval = 0.0, RESTART_INTERVAL_S
         self.closing = False  # aclose began: no new compression, no new process
         self.unanswered = 0  # compressions in a row whose answer did not come in time
-        self.encoder_name, self.gem_config = config.encoder, GEMConfig()
+        self.encoder_name, self.gem_config = config.encoder, with_overrides(config.preset, config.overrides)
 
     async def start(self) -> None:
         """Start the process and wait until it serves (its encoder loaded, its kernels compiled); RuntimeError when
@@ -114,7 +114,7 @@ class ProcessCompressor:
             logger.exception("gemkernels: the compression process did not start; forwarding requests unchanged")
             self._back_off()
             return
-        self.encoder_name, self.gem_config = ready["encoder"], ready["config"]
+        self.encoder_name = ready["encoder"]
         self.child, child.started_at, self.unanswered = child, time.monotonic(), 0
         child.answers = asyncio.ensure_future(self._read_answers(child))
 
@@ -372,7 +372,7 @@ async def serve(sock: socket.socket) -> None:
     metrics = RecordedMetrics()
     compressor = Compressor(config, metrics)
     await asyncio.to_thread(warm_up_kernels, compressor)
-    send(writer, frame({"encoder": compressor.encoder_name, "config": compressor.gem_config}))
+    send(writer, frame({"encoder": compressor.encoder_name}))
     running: set[asyncio.Task] = set()
 
     async def answer(key: int, arguments: tuple) -> None:
