@@ -64,7 +64,7 @@ def argument_strings(arguments: str) -> list[str]:
     """The string values of a tool call's JSON arguments (nested too), or the raw arguments when not JSON."""
     try:
         stack = [json.loads(arguments)]
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return [arguments]
     out: list[str] = []
     while stack:

@@ -115,7 +115,7 @@ def output_text(item: dict[str, Any]) -> tuple[str, bool]:
         return json.dumps(output, ensure_ascii=False, default=str), False
     try:
         wrapped = json.loads(output) if output.startswith("{") else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         wrapped = None
     if isinstance(wrapped, dict) and isinstance(wrapped.get("output"), str):
         code = wrapped.get("metadata", {}).get("exit_code") if isinstance(wrapped.get("metadata"), dict) else None

@@ -153,7 +153,7 @@ def body_session_name(body: Mapping[str, Any]) -> str | None:
     if user_id.startswith("{"):
         try:
             parsed = json.loads(user_id)
-        except ValueError:
+        except (ValueError, RecursionError):  # a string nested past the parser's depth is a name like any other
             parsed = None
         if isinstance(parsed, dict) and isinstance(parsed.get("session_id"), str) and parsed["session_id"]:
             return parsed["session_id"]

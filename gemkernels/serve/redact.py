@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import logging
 import re
+from urllib.parse import unquote
 
-#: Query parameters whose values are credentials (matched case-insensitively, ``-`` or ``_`` alike).
-CREDENTIAL_PARAMS = re.compile(r"(?i)([?&](?:api[-_]?key|key|token|access[-_]?token|auth|sig|signature|"
-                               r"password|secret)=)[^&#\s\"]*")
+#: A query parameter: its separator, name and value (``&`` or ``;`` between parameters).
+QUERY_PARAM = re.compile(r"([?&;])([^=&;#\s\"?]*)=([^&;#\s\"]*)")
+#: What a credential parameter's name ends with, once percent-decoded, lower-cased and stripped of ``-``, ``_`` and
+#: ``.``: ``key``, ``api-key``, ``x-goog-api-key``, ``subscription-key``, ``client_secret``, ``X-Amz-Signature``,
+#: ``X-Amz-Security-Token``, ``access_token``, ``sig``, ``password``, ``auth``.
+CREDENTIAL_ENDINGS = ("key", "token", "secret", "signature", "sig", "password", "passwd", "pwd", "auth",
+                      "authorization", "credential", "credentials", "bearer")
+
+
+def credential_name(name: str) -> bool:
+    """Whether a query parameter of this name (as written, percent-encoded or not) carries a credential."""
+    return re.sub(r"[-_.]", "", unquote(name).lower()).endswith(CREDENTIAL_ENDINGS)
 
 
 def redact_query(text: str) -> str:
     """``text`` with the value of every credential-like query parameter replaced by ``[redacted]``."""
-    return CREDENTIAL_PARAMS.sub(r"\1[redacted]", text)
+    return QUERY_PARAM.sub(lambda m: f"{m[1]}{m[2]}=[redacted]" if credential_name(m[2]) else m[0], text)
 
 
 class QueryCredentialFilter(logging.Filter):

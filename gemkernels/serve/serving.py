@@ -43,7 +43,7 @@ from starlette.websockets import WebSocket
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 from gemkernels.compress.blocks import json_object
-from gemkernels.compress.gem import PASSTHROUGH
+from gemkernels.compress.gem import PASSTHROUGH, Compressed
 from gemkernels.compress.sessions import GEM_SESSION_HEADER, request_session
 from gemkernels.serve.body import ArrayLayout, cut_body, element_sizes, json_bytes, parse_body, removed_positions
 from gemkernels.serve.cache_marks import moved_marks
@@ -112,7 +112,12 @@ class AsciiJSONResponse(JSONResponse):
     valid JSON instead of failing to encode as UTF-8."""
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+        return ascii_json(content)
+
+
+def ascii_json(content: Any) -> bytes:
+    """``content`` as compact, ASCII-escaped JSON; ValueError for a number JSON cannot write (NaN, infinities)."""
+    return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def error_response(status: int, kind: str, message: str) -> JSONResponse:
@@ -277,11 +282,27 @@ class Proxy:
         if layout is None:  # JSON, but not UTF-8 (a BOM, UTF-16): no cut of it could go out, so GEM does not see it
             return self.unchanged(api, "body_layout")
         history = body[api.history]
-        sizes = element_sizes(layout)
-        session, tenant = session_of(request.headers, body), tenant_of(request.headers)
+        try:
+            session = session_of(request.headers, body)
+        except Exception:  # a bug of ours must not cost the client its request
+            logger.exception("gemkernels: could not name this request's session; forwarding it unchanged")
+            return self.unchanged(api, "internal_error")
+        tenant = tenant_of(request.headers)
         written = (text, layout.elements)  # the next request resumes on these bytes
-        result = await self.compressor.compress(api.path, history, session, message_sizes=sizes, tenant=tenant,
-                                                save=save, message_bytes=written)
+        result = await self.compressor.compress(api.path, history, session, message_sizes=element_sizes(layout),
+                                                tenant=tenant, save=save, message_bytes=written)
+        try:
+            return await self.cut(api, text, body, layout, result, tenant, session, save)
+        except Exception:  # the compressor counted the request; the reason it went out as sent is counted here
+            logger.exception("gemkernels: could not cut the compressed history out of the body; forwarding it "
+                             "unchanged")
+            self.metrics.passthroughs.labels("internal_error").inc()
+            return None
+
+    async def cut(self, api: ApiFormat, text: bytes, body: dict[str, Any], layout: ArrayLayout,
+                  result: Compressed | None, tenant: str, session: str | None, save: bool) -> bytes | None:
+        """`compressed_body`'s bytes from GEM's ``result`` for the body ``text`` (None: forward it as sent)."""
+        history = body[api.history]
         removed = [] if result is None else removed_positions(history, result.messages)
         moved, replaced = {}, {}
         if api.upstream == ANTHROPIC_UPSTREAM and removed:  # a removed message's cache breakpoint moves to a kept one
@@ -415,18 +436,33 @@ class Proxy:
         raw = await read_body(request, config.max_body_bytes, config.body_timeout)
         if isinstance(raw, Response):
             return raw
-        body = json_object(raw)
+        try:
+            text, body, layout = read_json(raw, request.headers.get("content-encoding", ""), "messages",
+                                           config.max_body_bytes)
+        except UndecodableBody as err:
+            return error_response(400, "invalid_request", str(err))
         if body is None or not isinstance(body.get("messages"), list):
             return error_response(400, "invalid_request", "the body must be a JSON object with a 'messages' list")
         goal, session = body.get("goal"), body.get("session_id")
         if not isinstance(session, str):
             session = session_of(request.headers, body)
-        result = await self.compressor.compress(request.url.path, body["messages"], session,
+        messages = body["messages"]
+        result = await self.compressor.compress(request.url.path, messages, session,
                                                 goal if isinstance(goal, str) else None,
                                                 tenant=tenant_of(request.headers), wait_for_encoding=True)
-        if result is None:
-            return AsciiJSONResponse({"messages": body["messages"], "stats": None})
-        return AsciiJSONResponse({"messages": result.messages, "stats": result.stats.to_dict()})
+        kept = messages if result is None else result.messages
+        stats = None if result is None else result.stats.to_dict()
+        removed = removed_positions(messages, kept)
+        if layout is not None and removed is not None:  # the kept messages' bytes as the client sent them
+            gone = set(removed)
+            array = b",".join(text[a:b] for p, (a, b) in enumerate(layout.elements) if p not in gone)
+            return Response(b'{"messages":[' + array + b'],"stats":' + ascii_json(stats) + b"}",
+                            media_type="application/json")
+        try:
+            return AsciiJSONResponse({"messages": kept, "stats": stats})
+        except ValueError:  # NaN, Infinity or 1e400 in a body that is not UTF-8: no bytes of it to echo
+            return error_response(400, "invalid_request", "the messages hold a number JSON cannot write (NaN, "
+                                  "Infinity, 1e400): send the body as UTF-8, or finite numbers")
 
     async def sessions(self, request: Request) -> Response:
         """``GET /v1/gem/sessions`` in observe mode: the caller's sessions (its tenant only) as sent and as

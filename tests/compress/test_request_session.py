@@ -10,6 +10,7 @@ import pytest
 from gemkernels.compress.sessions import request_session
 
 SYSTEM = [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
+DEEP = '{"a":' * 100_000 + "1" + "}" * 100_000  # a JSON string nested past json.loads' depth
 BODY = {"system": SYSTEM, "messages": [{"role": "user", "content": "hi"}],
         "metadata": {"user_id": "user_abc_account_1_session_2"}}
 
@@ -28,6 +29,7 @@ def name(session: str | None) -> str | None:
     ({}, BODY, "user_abc_account_1_session_2"),
     ({}, {"metadata": {"user_id": json.dumps({"device_id": "d", "session_id": "s-9"})}}, "s-9"),
     ({}, {"metadata": {"user_id": "{not json"}}, "{not json"),
+    ({}, {"metadata": {"user_id": DEEP}}, DEEP),  # nested past the parser's depth: RecursionError escaped
     ({}, {"user": "", "prompt_cache_key": 3, "metadata": {"user_id": 5}}, None),
     ({"x-gem-session": ""}, {}, None),
 ])

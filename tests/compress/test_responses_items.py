@@ -140,3 +140,15 @@ def test_gem_removes_whole_responses_blocks_and_appends_on_the_next_call():
     second = gem.compress(grown, session_id="codex")
     assert second.stats.action == "appended"
     assert second.messages[:len(first.messages)] == first.messages  # the forwarded prefix holds
+
+
+@pytest.mark.parametrize(("output", "expected"), [
+    ('{"output": "ok", "metadata": {"exit_code": 2}}', ("ok", True)),
+    ("{not json", ("{not json", False)),
+    ('{"a":' * 100_000 + "1" + "}" * 100_000, None),  # nested past json.loads' depth: RecursionError escaped
+])
+def test_an_outputs_text_unwraps_codex_shell_output_and_keeps_anything_else(output, expected):
+    from gemkernels.compress.responses_items import output_text
+
+    assert output_text({"type": "function_call_output", "call_id": "c", "output": output}) == (expected or
+                                                                                               (output, False))

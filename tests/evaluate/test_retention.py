@@ -99,6 +99,8 @@ def test_references_read_paths_identifiers_literals_and_numbers():
 def test_argument_strings_reads_json_values_or_raw_text():
     assert argument_strings('{"command": "ls", "opts": {"paths": ["a", "b"]}, "n": 3}') == ["ls", "a", "b"]
     assert argument_strings("ls -la") == ["ls -la"]
+    deep = '{"a":' * 100_000 + "1" + "}" * 100_000  # nested past json.loads' depth: raw text, not RecursionError
+    assert argument_strings(deep) == [deep]
 
 
 def block(command: str, output: str) -> Block:

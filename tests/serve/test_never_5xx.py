@@ -82,6 +82,63 @@ def test_a_lone_surrogate_is_forwarded_as_sent_in_a_cut_body(proxy, case):
     assert all(any(original[i] == message for i in at) for message in forwarded)  # an ordered sub-list
 
 
+DEEP = '{"a":' * 100_000 + "1" + "}" * 100_000  # a JSON string nested past json.loads' depth
+
+
+@pytest.mark.parametrize(("path", "history"), [("/v1/chat/completions", "messages"), ("/v1/messages", "messages"),
+                                               ("/v1/responses", "input")])
+def test_a_session_name_nested_past_the_parsers_depth_is_forwarded(proxy, path, history):
+    """``metadata.user_id`` that starts with ``{`` is parsed for Claude Code's ``session_id``: one nested past the
+    parser's depth raised RecursionError, a 500 of the proxy's own, and nothing went upstream."""
+    client, received = proxy
+    raw = json.dumps({"model": "m", "max_tokens": 5, "metadata": {"user_id": DEEP},
+                      history: [{"role": "user", "content": "hi"}]}).encode()
+    reply = client.post(path, content=raw, headers=JSON)
+    assert reply.status_code == 200 and received[-1].content == raw
+
+
+@pytest.mark.parametrize("where", ["session_of", "cut_body"])
+def test_a_failure_of_the_proxys_own_goes_out_as_sent_with_its_reason(proxy, monkeypatch, caplog, where):
+    """Whatever raises around GEM's call (naming the session before it, cutting the body after it) forwards the
+    client's bytes, counts ``internal_error`` and logs the traceback, instead of a 500."""
+    import gemkernels.serve.serving as serving
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(serving, where, broken)
+    client, received = proxy
+    raw = json.dumps({"model": "m", "messages": MESSAGES}).encode()  # long enough to compress
+    with caplog.at_level(logging.ERROR, logger="gemkernels"):
+        reply = client.post("/v1/chat/completions", content=raw, headers=JSON)
+    assert reply.status_code == 200 and received[-1].content == raw
+    assert 'gem_passthroughs_total{reason="internal_error"} 1.0' in passthroughs(client)
+    assert any(record.exc_info for record in caplog.records)
+
+
+@pytest.mark.parametrize("literal", [b"1e400", b"NaN", b"-Infinity", b"1.50E+2"])
+def test_the_compress_endpoint_answers_with_the_kept_messages_bytes_as_sent(proxy, literal):
+    """Its messages are the client's bytes less whole messages, as the proxy forwards them: a number JSON cannot
+    write again (1e400 was read as inf) answered 500 when they were written anew."""
+    from gemkernels.serve.body import parse_body
+
+    client, _ = proxy
+    messages = json.loads(json.dumps(MESSAGES))
+    messages[-1]["n"] = "MARK"  # in the newest message, which is always kept
+    raw = json.dumps({"messages": messages}, indent=1).encode().replace(b'"MARK"', literal)
+    reply = client.post("/v1/gem/compress", content=raw, headers=JSON)
+    assert reply.status_code == 200
+
+    def elements(data: bytes) -> list[bytes]:
+        return [data[a:b] for a, b in parse_body(data, "messages")[1].elements]
+
+    sent, kept = elements(raw), elements(reply.content)
+    assert len(kept) < len(sent) and kept[-1] == sent[-1] and literal in kept[-1]
+    at = iter(sent)
+    assert all(any(element == s for s in at) for element in kept)  # an ordered sub-list of the sent bytes
+    assert json.loads(reply.content)["stats"]["messages_after"] == len(kept)
+
+
 def test_the_compress_endpoint_answers_valid_json_for_a_lone_surrogate(proxy):
     client, _ = proxy
     messages = json.loads(json.dumps(MESSAGES))

@@ -108,6 +108,24 @@ def test_credentials_in_query_strings_are_redacted_from_the_access_log():
     assert "AIzaSECRET" not in line and "key=[redacted]" in line and "alt=sse" in line
 
 
+@pytest.mark.parametrize("name", ["x-api-key", "subscription-key", "client_secret", "X-Amz-Signature",
+                                  "X-Amz-Security-Token", "x-goog-api-key", "api%5Fkey", "apiKey", "access_token"])
+@pytest.mark.parametrize("separator", ["?", "?a=1&", "?a=1;", "?;"])
+def test_every_credential_like_query_parameter_is_redacted(name, separator):
+    """Names that end in a credential word, however prefixed, spelt or percent-encoded, and after ``&`` or ``;``
+    (the first form let ``x-api-key``, Azure's ``subscription-key`` and ``X-Amz-Signature`` through)."""
+    from gemkernels.serve.redact import redact_query
+
+    line = redact_query(f'"GET /v1/models{separator}{name}=S3CRET&alt=sse HTTP/1.1"')
+    assert "S3CRET" not in line and f"{name}=[redacted]&alt=sse" in line
+
+
+@pytest.mark.parametrize("query", ["?alt=sse", "?model=gpt-4o&stream=true", "?keyword=x", "?q=a=b"])
+def test_other_query_parameters_stay_in_the_log(query):
+    from gemkernels.serve.redact import redact_query
+
+    assert redact_query(f"GET /v1/models{query} HTTP/1.1") == f"GET /v1/models{query} HTTP/1.1"
+
 @pytest.mark.parametrize(("cores", "threads"), [(1, 2), (2, 2), (4, 4), (8, 8), (64, 8)])
 def test_compression_threads_default_to_the_cores_from_2_to_8(monkeypatch, cores, threads):
     """Past the cores, threads only add GIL hand-offs to CPU-bound compression; below 2, one long request would hold
