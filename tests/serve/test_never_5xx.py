@@ -472,3 +472,13 @@ def test_a_client_that_leaves_during_a_relayed_upload_is_not_a_500():
 
     sent = asyncio.run(scenario())
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] < 500
+
+
+def test_the_compress_endpoint_reads_a_content_encoded_body(proxy):
+    """A gzip body is decoded as on the compressing routes (it was parsed as it came: a 400)."""
+    import gzip
+
+    client, _ = proxy
+    raw = json.dumps({"messages": MESSAGES}).encode()
+    reply = client.post("/v1/gem/compress", content=gzip.compress(raw), headers={**JSON, "content-encoding": "gzip"})
+    assert reply.status_code == 200 and 0 < len(json.loads(reply.content)["messages"]) < len(MESSAGES)
