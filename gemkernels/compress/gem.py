@@ -56,6 +56,8 @@ from gemkernels.select.arrays import to_numpy
 from gemkernels.select.result import Selection
 
 logger = logging.getLogger("gemkernels")
+#: What a compression's reason says when the shared store did not confirm saving its session's state.
+UNSAVED = "; the session's state was not saved"
 NO_LEXICON = Lexicon(EMPTY, EMPTY)  # a block's, under a config that reads no lexicon
 
 PASSTHROUGH, UNCHANGED, RESELECTED, APPENDED = "passthrough", "unchanged", "reselected", "appended"
@@ -329,9 +331,12 @@ class GEM:
         if save:  # the cache holds exactly this request's blocks when it extended the last one's
             block_cache = cache if len(cache) == n else dict(zip(keys, columns.infos))
             parsed = written.parsed(history, keys, call_ids) if written is not None else None
-            self.store.put(store_key, SessionState(
-                keys, frozenset(map(keys.__getitem__, forwarded)), goal_key, selected_at, block_cache,
-                columns.nbytes + (parsed.held_bytes if parsed is not None else 0), columns, parsed))
+            try:
+                self.store.put(store_key, SessionState(
+                    keys, frozenset(map(keys.__getitem__, forwarded)), goal_key, selected_at, block_cache,
+                    columns.nbytes + (parsed.held_bytes if parsed is not None else 0), columns, parsed))
+            except StoreUnavailable as err:  # a save whose answer was lost may have landed, and then says that this
+                reason += f"{UNSAVED} ({err})"  # went out compressed: so it does (DESIGN.md §5.1)
         removed = sorted(set(range(n)) - forwarded)
         tokens_before = tokens_after = None
         if other is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import struct
 import threading
 import time
@@ -31,6 +32,7 @@ from gemkernels.compress.identity import DIGEST_BYTES
 from gemkernels.compress.sessions import SessionConflict, SessionState, SessionStore, StoreUnavailable
 
 T = TypeVar("T")
+logger = logging.getLogger("gemkernels")
 
 #: A state whose identities are all digests: magic, blocks at selection, block count, goal digest, identities, bits.
 COMPACT = b"GEM1"
@@ -139,7 +141,11 @@ class RedisSessionStore:
         self.seen.last = (session_id, b"" if version is None else version)
         if packed is None:
             return None
-        block_keys, forwarded, goal, at_selection = unpack_state(packed)
+        try:
+            block_keys, forwarded, goal, at_selection = unpack_state(packed)
+        except ValueError as err:  # the session starts afresh; its next save (this version seen) replaces it
+            logger.warning("gemkernels: a session state in Redis cannot be read (%s); the session starts afresh", err)
+            return None
         local = self.local.get(session_id)
         if local is None:
             return SessionState(block_keys, forwarded, goal, at_selection)
@@ -188,14 +194,23 @@ def pack_state(state: SessionState) -> bytes:
 
 
 def unpack_state(packed: bytes) -> tuple[tuple[str, ...], frozenset[str], str, int]:
-    """(block identities, forwarded identities, goal digest, blocks at selection) from `pack_state`'s bytes."""
+    """(block identities, forwarded identities, goal digest, blocks at selection) from `pack_state`'s bytes;
+    ValueError for anything else (another version's state, one cut short, a count its bytes do not hold)."""
     if packed.startswith(GENERAL):
-        data: dict[str, Any] = json.loads(packed[len(GENERAL):])
-        return tuple(data["keys"]), frozenset(data["forwarded"]), data["goal"], data["at"]
-    if not packed.startswith(COMPACT):
+        try:
+            data: dict[str, Any] = json.loads(packed[len(GENERAL):])
+            keys, forwarded, goal, at = tuple(data["keys"]), frozenset(data["forwarded"]), data["goal"], data["at"]
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
+            raise ValueError(f"not a gemkernels session state ({type(err).__name__})") from None
+        if not (all(isinstance(key, str) for key in (*keys, *forwarded)) and isinstance(goal, str) and type(at) is int):
+            raise ValueError("not a gemkernels session state (fields of other types)")
+        return keys, forwarded, goal, at
+    start = len(COMPACT) + 8
+    if not packed.startswith(COMPACT) or len(packed) < start + GOAL_BYTES:
         raise ValueError("not a gemkernels session state")
     at_selection, n = struct.unpack_from("<II", packed, len(COMPACT))
-    start = len(COMPACT) + 8
+    if len(packed) != start + GOAL_BYTES + n * DIGEST_BYTES + (n + 7) // 8:
+        raise ValueError(f"not a gemkernels session state ({len(packed)} bytes for {n} blocks)")
     goal = packed[start:start + GOAL_BYTES].hex()
     start += GOAL_BYTES
     keys = tuple(packed[start + i * DIGEST_BYTES:start + (i + 1) * DIGEST_BYTES].hex() for i in range(n))

@@ -114,9 +114,18 @@ class SessionLocks:
         self.locks = [threading.Lock() for _ in range(stripes)]
 
     def of(self, messages: Any, session_id: str | None, tenant: str | None) -> threading.Lock:
-        key = session_id if session_id is not None else json.dumps(messages[:2], default=str, sort_keys=True)
+        key = session_id if session_id is not None else prefix_key(messages)
         digest = hashlib.blake2b(f"{tenant}\x1f{key}".encode("utf-8", "surrogatepass"), digest_size=4).digest()
         return self.locks[int.from_bytes(digest, "little") % len(self.locks)]
+
+
+def prefix_key(messages: Any) -> str:
+    """The first two messages as JSON, the lock's name for a request without a session id; '' for messages JSON
+    cannot write (keys of mixed types, a cycle, nesting past its depth): those requests share a lock."""
+    try:
+        return json.dumps(messages[:2], default=str, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        return ""
 
 
 #: The proxy's own session header (never forwarded upstream).

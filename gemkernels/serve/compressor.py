@@ -33,6 +33,10 @@ def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: Encoding
                select_fn=selector.select)
 
 
+#: How long Redis keeps a shared embedding at least (a session's TTL when that is longer): a week.
+EMBEDDING_TTL_S = 7 * 86400.0
+
+
 def shared_state(config: ServerConfig, encoder: Encoder, count_round_trips: Callable[[int], None]
                  ) -> tuple[StateStore, Encoder, Callable[[], None]]:
     """For a ``redis://`` store: the Redis session store, ``encoder`` behind the shared embedding cache (their round
@@ -43,7 +47,7 @@ def shared_state(config: ServerConfig, encoder: Encoder, count_round_trips: Call
     connection = RedisConnection(config.store, count_round_trips=count_round_trips)
     store = RedisSessionStore(connection, ttl_s=config.store_ttl, local_max_sessions=config.max_sessions,
                               local_max_bytes=config.max_session_bytes)
-    shared = RedisEmbeddingCache(encoder, connection, ttl_s=max(config.store_ttl, 86400.0),
+    shared = RedisEmbeddingCache(encoder, connection, ttl_s=max(config.store_ttl, EMBEDDING_TTL_S),
                                  dtype=config.embedding_dtype)
 
     def close() -> None:

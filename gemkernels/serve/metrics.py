@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gemkernels.compress.gem import PASSTHROUGH, Compressed
+from gemkernels.compress.gem import PASSTHROUGH, UNSAVED, Compressed
 
 LATENCY_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1)
 #: The variable naming the multiprocess directory; prometheus_client reads it when it is imported.
@@ -67,6 +67,8 @@ class Metrics:
                               registry=r, multiprocess_mode="livesum")
         self.pending = Gauge("gem_pending_compressions", "Compressions queued or running", registry=r,
                              multiprocess_mode="livesum")
+        self.store_unsaved = Counter("gem_store_unsaved", "Compressed requests forwarded whose session state the "
+                                     "shared store did not confirm saving", registry=r)
         self.store_round_trips = Counter("gem_store_round_trips", "Round trips to the shared session store "
                                          "(sessions and embeddings; 0 with the in-memory store)", registry=r)
         self.websocket_connections = Counter("gem_websocket_connections", "WebSocket upgrades by result: relayed "
@@ -96,6 +98,8 @@ class Metrics:
             self.passthroughs.labels(passthrough_reason(stats.reason)).inc()
         if stats.reason.startswith("encoding deferred"):
             self.deferred.inc()
+        if UNSAVED in stats.reason:
+            self.store_unsaved.inc()
         if stats.chars_before:
             self.chars.labels("before").inc(stats.chars_before)
             self.chars.labels("after").inc(stats.chars_after)

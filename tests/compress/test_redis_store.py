@@ -24,7 +24,7 @@ from gemkernels.compress.encoders.redis_cache import RedisEmbeddingCache  # noqa
 from gemkernels.compress.gem import PASSTHROUGH  # noqa: E402
 from gemkernels.compress.identity import said, stable_digest  # noqa: E402
 from gemkernels.compress.redis_store import RedisConnection, RedisSessionStore, pack_state, unpack_state  # noqa: E402
-from gemkernels.compress.sessions import SessionConflict, SessionState, goal_digest  # noqa: E402
+from gemkernels.compress.sessions import SessionConflict, SessionState, StoreUnavailable, goal_digest  # noqa: E402
 from gemkernels.testing.histories import synthetic_anthropic_history, synthetic_history  # noqa: E402
 from gemkernels.testing.processes import RedisServer  # noqa: E402
 
@@ -245,8 +245,10 @@ def test_a_redis_server_that_does_not_answer_in_time_is_not_left_running(redis_s
 
 def test_a_redis_that_refuses_writes_is_unavailable_not_a_compression_error(redis_server):
     """A read-only Redis (a demoted primary after a failover) or one at maxmemory under noeviction refuses each save:
-    the request goes out unchanged as for a Redis that is down (store_unavailable in the metrics, a pause before the
-    next try), not as a failure of GEM's own logged with a traceback per request."""
+    the compression goes out with the refusal in its reason (as after any save the store did not confirm), then
+    requests go out unchanged as for a Redis that is down (store_unavailable, a pause before the next try), not as
+    a failure of GEM's own logged with a traceback per request."""
+    from gemkernels.compress.gem import UNSAVED
     from gemkernels.serve.metrics import passthrough_reason
 
     messages = synthetic_history(30, seed=1)
@@ -255,6 +257,64 @@ def test_a_redis_that_refuses_writes_is_unavailable_not_a_compression_error(redi
         gem = GEM("paper", encoder="hash", store=RedisSessionStore(connection), token_counter=None)
         connection.client.execute_command("REPLICAOF", "127.0.0.1", "1")
         out = gem.compress(messages, session_id="s")
-        assert out.messages is messages and passthrough_reason(out.stats.reason) == "store_unavailable"
-        assert "ReadOnlyError" in out.stats.reason
-        assert gem.compress(messages, session_id="s").stats.reason.endswith("(retrying in 60.0 s)")
+        assert out.stats.action == "reselected" and UNSAVED in out.stats.reason and "ReadOnlyError" in out.stats.reason
+        again = gem.compress(messages, session_id="s")
+        assert again.messages is messages and passthrough_reason(again.stats.reason) == "store_unavailable"
+        assert again.stats.reason.endswith("(retrying in 60.0 s)")
+
+
+def test_a_save_whose_answer_comes_too_late_forwards_what_it_saved(redis_server):
+    """A save that lands after the store's timeout: the request goes out as the saved state says (compressed), so
+    the next request, which builds on that state, extends what the upstream received; it went out unchanged, so the
+    state described a body never sent and the next request missed the prompt cache."""
+    from gemkernels.compress.gem import UNSAVED
+
+    class LateAnswers(RedisSessionStore):
+        """Saves land, but their answers are lost (as when Redis answers after the timeout)."""
+
+        def put(self, session_id, state):
+            super().put(session_id, state)
+            raise StoreUnavailable("session store unavailable: TimeoutError: Timeout reading from socket")
+
+    messages = synthetic_history(44, seed=3)
+    store = LateAnswers(RedisConnection(redis_server.url))
+    gem = GEM("core", encoder="hash", store=store, token_counter=None)
+    first = gem.compress(messages[:40], session_id="late")
+    assert first.stats.action == "reselected" and UNSAVED in first.stats.reason
+    assert len(first.messages) < 40  # compressed, as saved
+    second = gem.compress(messages, session_id="late")
+    assert second.stats.action == "appended" and second.messages[:len(first.messages)] == first.messages
+
+
+def test_a_compression_whose_state_was_not_saved_is_counted():
+    pytest.importorskip("prometheus_client")
+    from gemkernels.compress.gem import UNSAVED, Compressed, CompressionStats
+    from gemkernels.serve.metrics import Metrics
+
+    metrics = Metrics()
+    for reason in ("2 new blocks appended", f"2 new blocks appended{UNSAVED} (StoreUnavailable: timeout)"):
+        metrics.observe_compression("/v1/chat/completions", Compressed([], CompressionStats("appended", reason)))
+    assert "gem_store_unsaved_total 1.0" in metrics.exposition().decode()
+
+
+@pytest.mark.parametrize("packed", [
+    b"GEM2" + bytes(40),  # another version's
+    b"GEM1" + (0).to_bytes(4, "little") + (2**32 - 1).to_bytes(4, "little") + bytes(16),  # 4 billion blocks claimed
+    pack_state(SessionState(("ab" * 12,) * 3, frozenset(), "cd" * 16, 2))[:-3],  # cut short
+    b"GEMJ" + b'{"keys": [1, 2], "forwarded": [], "goal": "g", "at": 0}',  # fields of other types
+    b"GEMJ" + b"[" * 100_000,  # nested past the parser's depth
+], ids=["another-version", "4-billion-blocks", "cut-short", "other-types", "nested"])
+def test_an_unreadable_state_is_no_state_and_the_next_save_replaces_it(redis_server, packed):
+    """A state this version cannot read (or whose count its bytes do not hold: a forged 2^32 made a tuple of
+    billions of keys) starts the session afresh, and its save replaces the bad one; every request of the session
+    went out unchanged with a traceback until the key expired."""
+    with pytest.raises(ValueError):
+        unpack_state(packed)
+    store = store_on(redis_server)
+    store.connection.client.hset(store.key("bad"), mapping={"v": 7, "s": packed})
+    started = time.perf_counter()
+    out = GEM("core", encoder="hash", store=store, token_counter=None).compress(synthetic_history(40, seed=4),
+                                                                                 session_id="bad")
+    assert out.stats.action == "reselected" and time.perf_counter() - started < 5
+    assert store.connection.client.hget(store.key("bad"), "v") == b"8"  # saved over it (the version it read)
+    assert store.get("bad") is not None

@@ -1,0 +1,36 @@
+"""The hooks' shared compressor (`gemkernels.integrations.session_compressor`), which every framework hook calls:
+like `GEM.compress`, it never raises for bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemkernels.integrations.session_compressor import SessionCompressor
+from gemkernels.testing.histories import synthetic_history
+
+
+def nested(depth: int) -> object:
+    value: object = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def circular() -> dict:
+    message = {"role": "user", "content": "task"}
+    message["self"] = message
+    return message
+
+
+@pytest.mark.parametrize("task", [
+    {"role": "user", "content": nested(5000)},
+    circular(),
+    {"role": "user", "content": "task", 1: "a key of another type"},
+], ids=["nested-past-the-parsers-depth", "circular", "mixed-key-types"])
+def test_a_session_without_a_name_and_an_odd_first_message_goes_out_as_sent(task):
+    """Without a session id the lock is named by the first two messages' JSON, which raised TypeError, ValueError
+    or RecursionError into the agent (through LiteLLM, the call never went out)."""
+    history = synthetic_history(20)
+    messages = [history[0], task, *history[2:]]
+    out = SessionCompressor("paper", encoder="hash").compress(messages)
+    assert out.messages == messages and out.stats.action == "passthrough"
