@@ -318,3 +318,19 @@ def test_an_unreadable_state_is_no_state_and_the_next_save_replaces_it(redis_ser
     assert out.stats.action == "reselected" and time.perf_counter() - started < 5
     assert store.connection.client.hget(store.key("bad"), "v") == b"8"  # saved over it (the version it read)
     assert store.get("bad") is not None
+
+
+@pytest.mark.parametrize(("store_ttl", "kept"), [(3600.0, 7 * 86400), (30 * 86400.0, 30 * 86400)])
+def test_gem_serve_keeps_shared_embeddings_a_week_at_least(redis_server, store_ttl, kept):
+    """As DESIGN.md §5.1 says (the wiring gave them a day), or a session's TTL when that is longer."""
+    pytest.importorskip("starlette")
+    from gemkernels.compress.encoders import make_encoder
+    from gemkernels.serve.compressor import shared_state
+    from gemkernels.serve.config import ServerConfig
+
+    config = ServerConfig(upstream="http://127.0.0.1:9", store=redis_server.url, store_ttl=store_ttl)
+    _, shared, close = shared_state(config, make_encoder("hash"), lambda trips: None)
+    try:
+        assert shared.ttl_s == kept
+    finally:
+        close()
