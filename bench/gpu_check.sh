@@ -7,7 +7,8 @@
 # they have) with min(its cap, what is left after the report's cap); a stage that fails or times out is noted and
 # the next one runs.
 #   setup:       the first of .venv/bin/python, python3, python with torch (CUDA) and triton; `pip install -e .
-#                --no-deps` only if `import gemkernels` fails (or finds another checkout); nvidia-smi; versions.
+#                --no-deps` (offline) only if `import gemkernels` fails (or finds another checkout); nvidia-smi;
+#                versions; whether pytest and hypothesis are there and Triton can launch one kernel.
 #   targets:     both headline targets first, in one sweep (ceilings measured once; python -m bench.gpu_checks
 #                targets): S=4096 n=256 d=1024 bf16 (torch, every triton path, the -global variants), then
 #                S=256 n=4096 d=384 bf16 and fp32.
@@ -16,9 +17,9 @@
 #   checks:      python -m bench.gpu_checks checks: each path 20 times on a small-tile batch (identical bits),
 #                agreement with torch and sampled sessions replayed through the float64 reference at the headline
 #                shapes, one stepwise call past 2^31 elements, a torch.profiler breakdown of one call, registers
-#                and spills of what ran from the JIT cache.
-#   memcheck, racecheck, synccheck: compute-sanitizer's tools on every path at tiny shapes (skipped, with a note,
-#                where compute-sanitizer is not installed).
+#                and spills of what ran from the JIT cache; then every path at tiny shapes, compiled for:
+#   memcheck, racecheck, synccheck: compute-sanitizer's tools on every path at tiny shapes, PyTorch's caching
+#                allocator off (skipped, with a note, where compute-sanitizer is neither on PATH nor in CUDA_HOME).
 #   serving:     S=1024 n=256 d=1024 fp32 (with the -global variants).
 #   gram-tiles:  the Gram tile candidates at the headline shape (python -m bench.select_floor --only gram).
 #   report:      OUTDIR/results.md, throughput.png, roofline.png from OUTDIR/results.jsonl.
@@ -80,6 +81,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
+TEE=$!
+# Every line reaches the log as it is printed, so a stage killed at its limit still leaves what it said.
+export PYTHONUNBUFFERED=1
 
 T0=$(date +%s)
 SUMMARY=()
@@ -151,6 +155,8 @@ if [ $SMOKE -eq 1 ]; then
 else
     DEVICE=cuda
     NEEDS='import torch, triton; assert torch.cuda.is_available()'
+    # the tests' property tests skip themselves without hypothesis: correctness would pass having run a few
+    export GK_HYPOTHESIS_EXAMPLES=${GK_HYPOTHESIS_EXAMPLES:-10}  # a cold Triton cache compiles each new shape
     SMOKE_ARGS=()
 fi
 PY=""
@@ -173,7 +179,7 @@ assert os.path.realpath(gemkernels.__file__).startswith(os.path.realpath('$REPO'
 }
 if ! importable; then
     log "gemkernels is not importable from this checkout: pip install -e . --no-deps"
-    "$PY" -m pip install -q -e . --no-deps --no-build-isolation || "$PY" -m pip install -q -e . --no-deps
+    timeout 60 "$PY" -m pip install -q -e . --no-deps --no-build-isolation --no-index  # offline: no build deps to fetch
     if ! importable; then
         # Last resort: the source tree itself (gemkernels loads kernels/ as gemkernels.kernels without an install).
         log "pip install failed; importing from the source tree"
@@ -188,24 +194,47 @@ timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm
 timeout 30 "$PY" -c "import sys, numpy, torch, triton, gemkernels
 print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, 'triton',
       triton.__version__, 'cuda', torch.version.cuda, 'device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
+if ! timeout 10 "$PY" -c "import pytest, hypothesis" >/dev/null 2>&1; then
+    log "pytest or hypothesis is not installed for $PY: the correctness stage's property tests will skip"
+    SUMMARY+=("setup: WARNING pytest/hypothesis missing (correctness runs few tests)")
+    FAILED=1
+fi
+if [ $SMOKE -eq 0 ] && ! timeout 120 "$PY" -c "
+import torch, triton, triton.language as tl
+@triton.jit
+def one(x):
+    tl.store(x, 1.0)
+x = torch.zeros(1, device='cuda')
+one[(1,)](x)
+assert x.item() == 1.0" 2>&1 | tail -3; then
+    log "Triton cannot launch a kernel here (a C compiler, ptxas?): every Triton stage below will fail"
+    SUMMARY+=("setup: Triton CANNOT LAUNCH a kernel")
+    FAILED=1
+fi
 SUMMARY+=("setup: done in $(($(date +%s) - SETUP_START)) s")
 
 # ---------------------------------------------------------------- the stages, in the plan's order
-stage targets "$PY" -m bench.gpu_checks targets "$OUT" --budget $(($(stage_limit targets) - 15)) \
+# the sweep's deadline counts from here (python and torch start inside it), a point's worth before the limit
+stage targets "$PY" -m bench.gpu_checks targets "$OUT" --deadline $(($(date +%s) + $(stage_limit targets) - 15)) \
     ${SMOKE_ARGS[@]+"${SMOKE_ARGS[@]}"}
 
 if [ $SMOKE -eq 1 ]; then
     stage correctness "$PY" -m pytest tests/select/test_contract.py -q -p no:cacheprovider -k "numpy and random"
 else
     stage correctness "$PY" -m pytest tests/select tests/kernels/test_kernels.py tests/kernels/test_kernel_arithmetic.py \
-        -q -p no:cacheprovider -rf
+        -q -p no:cacheprovider -rf --durations=10
 fi
 
 stage checks "$PY" -m bench.gpu_checks checks ${SMOKE_ARGS[@]+"${SMOKE_ARGS[@]}"}
 
+SANITIZER=$(command -v compute-sanitizer || true)
+[ -z "$SANITIZER" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ] &&
+    SANITIZER=${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer
 for tool in memcheck racecheck synccheck; do
-    if command -v compute-sanitizer >/dev/null 2>&1 && [ $SMOKE -eq 0 ]; then
-        stage $tool compute-sanitizer --tool $tool --error-exitcode 1 "$PY" -m bench.gpu_checks tiny
+    if [ -n "$SANITIZER" ] && [ $SMOKE -eq 0 ]; then
+        # without PyTorch's caching allocator, so that a read past a tensor is past an allocation memcheck sees
+        stage $tool env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" --tool $tool --error-exitcode 1 \
+            "$PY" -m bench.gpu_checks tiny
     else
         log "stage $tool skipped: compute-sanitizer is not installed (or --cpu-smoke)"
         SUMMARY+=("$tool: skipped (no compute-sanitizer)")
@@ -246,4 +275,6 @@ for line in open(sys.argv[1]):
     print(' ', r['measurement'], r['config'].get('dtype'), r['median_s'], r.get('ratios') or r.get('error'))" \
         "$OUT/floor/results.jsonl"
 fi
+exec >&- 2>&-  # the log's tee sees the end of its input: wait for it to write the last lines
+wait "$TEE" 2>/dev/null
 exit $FAILED

@@ -161,7 +161,10 @@ def left_out(contenders: Iterable[str], device: str) -> dict[str, str]:
 
 def sweep(points: list[Point], contenders: list[str], settings: Settings, out: Path,
           time_budget: float | None = None) -> list[dict[str, Any]]:
-    """Measure every point, appending records to ``out/results.jsonl``; returns this sweep's records."""
+    """Measure every point, appending records to ``out/results.jsonl``; returns this sweep's records. With
+    ``time_budget`` (seconds from this call, the ceilings' measurement included), a point starts only when the
+    one before it would still fit; the points left are noted."""
+    start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     env = environment(settings.device)
     say(f"gemkernels bench: {len(points)} points x {len(contenders)} backends on {settings.device} "
@@ -178,7 +181,7 @@ def sweep(points: list[Point], contenders: list[str], settings: Settings, out: P
     timer = cuda_call if settings.device == "cuda" else cpu_call
     extra = {"ceilings": ceilings.to_dict(), "env": env}
     records: list[dict[str, Any]] = []
-    start = time.perf_counter()
+    last_point = 0.0  # seconds the previous point took
     with (out / "results.jsonl").open("a") as sink:
         def emit(rec: dict[str, Any]) -> None:
             rec |= extra
@@ -187,14 +190,16 @@ def sweep(points: list[Point], contenders: list[str], settings: Settings, out: P
             sink.flush()
 
         for i, point in enumerate(progress(points)):
-            if time_budget is not None and time.perf_counter() - start > time_budget:
+            if time_budget is not None and time.perf_counter() - start + last_point > time_budget:
                 notes.append(f"time budget of {time_budget:g} s spent: {len(points) - i} of {len(points)} points "
                              f"not run (from {point})")
                 break
             names = [c for c in contenders if not (c in NUMPY_CONTENDERS and point.dtype == "bf16")]
             if not names:
                 continue
+            point_started = time.perf_counter()
             point_records = measure_point(point, names, settings, ceilings, timer)
+            last_point = time.perf_counter() - point_started
             for rec in point_records:
                 emit(rec)
             say(point_line(point, point_records))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import math
 import sys
 import types
@@ -179,6 +180,30 @@ def test_time_budget_stops_before_the_next_point(tmp_path):
     assert code == 0 and not points(records)
     assert any("time budget" in r["note"] for r in records)
     assert not (tmp_path / "throughput.png").exists()
+
+
+def test_a_point_starts_only_when_the_one_before_would_still_fit(tmp_path, monkeypatch):
+    """The budget counts from the sweep's start, the ceilings' measurement included, and a point starts only if
+    the previous point's time still fits (it was checked against the time spent alone, so a point begun a moment
+    before the end ran past it: a GPU stage's limit then killed it half-way)."""
+    import gemkernels.benchmark.sweep as sweep_module
+
+    real_point, real_ceilings = sweep_module.measure_point, sweep_module.measure_ceilings
+
+    def slow_point(*args, **kwargs):
+        time.sleep(0.6)
+        return real_point(*args, **kwargs)
+
+    def slow_ceilings(*args, **kwargs):
+        time.sleep(0.6)
+        return real_ceilings(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "measure_point", slow_point)
+    monkeypatch.setattr(sweep_module, "measure_ceilings", slow_ceilings)
+    code, records = run_bench(tmp_path, "-n", "8", "16", "24", "-d", "16", "-S", "1", "--dtype", "fp32",
+                              "--mode", "fixed", "--backend", "numpy", "--time-budget", "1.5")
+    assert code == 0 and [r["config"]["n"] for r in points(records)] == [8]  # 0.6 + 0.6 spent, 0.6 more won't fit
+    assert any("2 of 3 points not run" in r["note"] for r in records if r["kind"] == "note")
 
 
 def test_triton_paths_in_the_interpreter(tmp_path):

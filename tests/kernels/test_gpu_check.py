@@ -79,3 +79,20 @@ def test_the_race_check_names_a_path_whose_runs_differ(monkeypatch):
     monkeypatch.setattr(gpu_checks, "PATHS", gpu_checks.PATHS[:2])
     with pytest.raises(AssertionError, match=r"\['gram'\]"):
         gpu_checks.check_races(smoke=True)
+
+
+def test_the_targets_deadline_counts_from_before_python_started(tmp_path):
+    """``--deadline`` is a Unix time (the shell's stage limit, counted before Python and torch start): one already
+    past runs no point and says so (``--budget`` counted from the sweep's start, after the imports)."""
+    import json
+    import time
+
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    sys.path.insert(0, str(ROOT))
+    from bench import gpu_checks
+
+    assert gpu_checks.main(["targets", str(tmp_path), "--smoke", "--deadline", str(time.time() - 1)]) == 0
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r["kind"] == "point"]
+    assert any("time budget" in r.get("note", "") for r in records)
