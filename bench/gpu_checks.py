@@ -4,6 +4,7 @@ sizes on the CPU (Triton's interpreter), as ``gpu_check.sh --cpu-smoke`` and the
     python -m bench.gpu_checks targets OUT [--smoke] [--budget S | --deadline T]  # both headline targets
     python -m bench.gpu_checks checks [--smoke] [--only NAME ...]  # races, agreement, 2^31, profile, registers
     python -m bench.gpu_checks tiny [--smoke]                      # every path once, tiny: for compute-sanitizer
+    python -m bench.gpu_checks probe [--smoke]                     # one trivial kernel: can Triton launch here?
 
 ``checks`` runs every check (one failing does not stop the others), prints one verdict line each and exits 1 if
 any failed. Run from a checkout: the float64 reference is tests/reference.py.
@@ -250,6 +251,23 @@ def tiny(smoke: bool) -> int:
     return 0
 
 
+def probe(smoke: bool) -> int:
+    """Launch one trivial Triton kernel (a C compiler and ptxas are needed for the first launch): 0 when it ran."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def store_one(x):
+        tl.store(x, 1.0)
+
+    x = torch.zeros(1, device=device_of(smoke))
+    store_one[(1,)](x)
+    assert x.item() == 1.0, x
+    print("a Triton kernel launched", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -262,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("checks", help="races, agreement, 2^31, profile, registers")
     c.add_argument("--only", nargs="+", choices=[check.name for check in CHECKS])
     sub.add_parser("tiny", help="every path once on tiny shapes")
-    for p in (t, c, sub.choices["tiny"]):
+    sub.add_parser("probe", help="launch one trivial kernel")
+    for p in (t, c, sub.choices["tiny"], sub.choices["probe"]):
         p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, in Triton's interpreter")
     args = parser.parse_args(argv)
     if args.smoke:  # the kernels read it when first imported, which none has been yet
@@ -272,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         return targets(args.out, args.smoke, budget)
     if args.command == "checks":
         return checks(args.smoke, args.only)
+    if args.command == "probe":
+        return probe(args.smoke)
     return tiny(args.smoke)
 
 

@@ -98,7 +98,7 @@ class Metrics:
             self.passthroughs.labels(passthrough_reason(stats.reason)).inc()
         if stats.reason.startswith("encoding deferred"):
             self.deferred.inc()
-        if UNSAVED in stats.reason:
+        if stats.action != PASSTHROUGH and UNSAVED in stats.reason:  # a passthrough's reason may quote a client
             self.store_unsaved.inc()
         if stats.chars_before:
             self.chars.labels("before").inc(stats.chars_before)

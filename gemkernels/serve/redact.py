@@ -7,8 +7,10 @@ import logging
 import re
 from urllib.parse import unquote
 
-#: A query parameter: its separator, name and value (``&`` or ``;`` between parameters).
-QUERY_PARAM = re.compile(r"([?&;])([^=&;#\s\"?]*)=([^&;#\s\"]*)")
+#: A query parameter: its separator, name and value (``&`` or ``;`` between parameters). A value goes on past a
+#: ``?`` or ``;`` unless a ``name=`` follows it, so ``?next=/a?token=...`` shows its second parameter and
+#: ``token=a;b`` is one value.
+QUERY_PARAM = re.compile(r"([?&;])([^=&;#\s\"?]*)=((?:[^&;#\s\"?]|[;?](?![^=&;#\s\"?]*=))*)")
 #: What a credential parameter's name ends with, once percent-decoded, lower-cased and stripped of ``-``, ``_`` and
 #: ``.``: ``key``, ``api-key``, ``x-goog-api-key``, ``subscription-key``, ``client_secret``, ``X-Amz-Signature``,
 #: ``X-Amz-Security-Token``, ``access_token``, ``sig``, ``password``, ``auth``.

@@ -115,6 +115,15 @@ class AsciiJSONResponse(JSONResponse):
         return ascii_json(content)
 
 
+def strict_utf8(data: bytes) -> bool:
+    """Whether ``data`` is UTF-8 without surrogates (a client's raw ``ED A0 80`` parses, but cannot be answered)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def ascii_json(content: Any) -> bytes:
     """``content`` as compact, ASCII-escaped JSON; ValueError for a number JSON cannot write (NaN, infinities)."""
     return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
@@ -436,9 +445,11 @@ class Proxy:
         raw = await read_body(request, config.max_body_bytes, config.body_timeout)
         if isinstance(raw, Response):
             return raw
-        try:
-            text, body, layout = read_json(raw, request.headers.get("content-encoding", ""), "messages",
-                                           config.max_body_bytes)
+        coding = request.headers.get("content-encoding", "")
+        reading = (raw, coding, "messages", config.max_body_bytes)
+        try:  # as `compressed_body` reads, a large body off the event loop
+            inline = len(raw) <= INLINE_PARSE_BYTES and not coding
+            text, body, layout = read_json(*reading) if inline else await asyncio.to_thread(read_json, *reading)
         except UndecodableBody as err:
             return error_response(400, "invalid_request", str(err))
         if body is None or not isinstance(body.get("messages"), list):
@@ -453,8 +464,8 @@ class Proxy:
         kept = messages if result is None else result.messages
         stats = None if result is None else result.stats.to_dict()
         removed = removed_positions(messages, kept)
-        if layout is not None and removed is not None:  # the kept messages' bytes as the client sent them
-            gone = set(removed)
+        if layout is not None and removed is not None and strict_utf8(text):
+            gone = set(removed)  # the kept messages' bytes as the client sent them (NaN, 1e400 included)
             array = b",".join(text[a:b] for p, (a, b) in enumerate(layout.elements) if p not in gone)
             return Response(b'{"messages":[' + array + b'],"stats":' + ascii_json(stats) + b"}",
                             media_type="application/json")

@@ -292,9 +292,11 @@ def test_a_compression_whose_state_was_not_saved_is_counted():
     from gemkernels.serve.metrics import Metrics
 
     metrics = Metrics()
-    for reason in ("2 new blocks appended", f"2 new blocks appended{UNSAVED} (StoreUnavailable: timeout)"):
-        metrics.observe_compression("/v1/chat/completions", Compressed([], CompressionStats("appended", reason)))
-    assert "gem_store_unsaved_total 1.0" in metrics.exposition().decode()
+    for action, reason in [("appended", "2 new blocks appended"),
+                           ("appended", f"2 new blocks appended{UNSAVED} (StoreUnavailable: timeout)"),
+                           ("passthrough", f"invalid structure: a client's text quoting it{UNSAVED}")]:
+        metrics.observe_compression("/v1/chat/completions", Compressed([], CompressionStats(action, reason)))
+    assert "gem_store_unsaved_total 1.0" in metrics.exposition().decode()  # not the passthrough quoting it
 
 
 @pytest.mark.parametrize("packed", [

@@ -96,3 +96,13 @@ def test_the_targets_deadline_counts_from_before_python_started(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert not [r for r in records if r["kind"] == "point"]
     assert any("time budget" in r.get("note", "") for r in records)
+
+
+def test_the_setup_probe_launches_a_kernel():
+    """Setup's probe is a kernel in a file (``@triton.jit`` refuses one given to ``python -c``: the probe as first
+    written failed on every GPU); under --smoke it runs in Triton's interpreter."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, "-m", "bench.gpu_checks", "probe", "--smoke"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "a Triton kernel launched" in done.stdout, done.stdout + done.stderr

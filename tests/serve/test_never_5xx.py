@@ -482,3 +482,16 @@ def test_the_compress_endpoint_reads_a_content_encoded_body(proxy):
     raw = json.dumps({"messages": MESSAGES}).encode()
     reply = client.post("/v1/gem/compress", content=gzip.compress(raw), headers={**JSON, "content-encoding": "gzip"})
     assert reply.status_code == 200 and 0 < len(json.loads(reply.content)["messages"]) < len(MESSAGES)
+
+
+def test_the_compress_endpoint_answers_utf8_for_a_raw_surrogate(proxy):
+    """A lone surrogate sent as raw bytes (ED A0 80) parses; the kept messages' bytes would echo it, which is not
+    UTF-8: the answer is written anew, escaped."""
+    client, _ = proxy
+    messages = json.loads(json.dumps(MESSAGES))
+    messages[-1]["content"] = "MARK " + str(messages[-1]["content"])
+    raw = json.dumps({"messages": messages}).encode().replace(b"MARK", b"\xed\xa0\x80", 1)
+    reply = client.post("/v1/gem/compress", content=raw, headers=JSON)
+    assert reply.status_code == 200
+    kept = json.loads(reply.content.decode("utf-8"))["messages"]  # strict UTF-8
+    assert kept[-1]["content"].startswith("\ud800")

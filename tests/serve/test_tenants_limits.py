@@ -136,3 +136,13 @@ def test_compression_threads_default_to_the_cores_from_2_to_8(monkeypatch, cores
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     assert ServerConfig(upstream="http://u").threads == threads
+
+
+@pytest.mark.parametrize("query", ["?next=/a?token=S3CRET", "?redirect=https://h/p?api_key=S3CRET&x=1",
+                                   "?token=S3C;RET", "?a=1;key=S3CRET"])
+def test_a_credential_after_a_question_mark_or_semicolon_in_a_value_is_redacted(query):
+    """A ``?`` inside a value (a redirect URL) hid the parameters after it, and ``;`` cut a value in two."""
+    from gemkernels.serve.redact import redact_query
+
+    line = redact_query(f"GET /v1/models{query} HTTP/1.1")
+    assert "S3CRET" not in line and "RET" not in line.replace("[redacted]", ""), line
