@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import math
 import sys
+import time
 import types
 from collections.abc import Iterable
 from pathlib import Path

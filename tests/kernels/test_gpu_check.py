@@ -104,5 +104,5 @@ def test_the_setup_probe_launches_a_kernel():
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     done = subprocess.run([sys.executable, "-m", "bench.gpu_checks", "probe", "--smoke"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0 and "a Triton kernel launched" in done.stdout, done.stdout + done.stderr

@@ -101,7 +101,7 @@ def test_a_session_name_nested_past_the_parsers_depth_is_forwarded(proxy, path, 
 def test_a_failure_of_the_proxys_own_goes_out_as_sent_with_its_reason(proxy, monkeypatch, caplog, where):
     """Whatever raises around GEM's call (naming the session before it, cutting the body after it) forwards the
     client's bytes, counts ``internal_error`` and logs the traceback, instead of a 500."""
-    import gemkernels.serve.serving as serving
+    from gemkernels.serve import serving
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
