@@ -62,12 +62,16 @@ class StateStore(Protocol):
     def __len__(self) -> int: ...
 
 
+#: What a `SessionStore`'s states hold in all by default: 1 GiB (`gem serve`'s ``max_session_bytes``).
+DEFAULT_MAX_BYTES = 1 << 30
+
+
 class SessionStore:
     """At most ``max_sessions`` states holding at most ``max_bytes`` in all (their ``nbytes``; None: no byte bound),
     the least recently used dropped first, each dropped ``ttl_s`` seconds after its last use. A state larger than
     ``max_bytes`` alone is not kept (its next request starts afresh)."""
 
-    def __init__(self, max_sessions: int = 10_000, ttl_s: float = 3600.0, max_bytes: int | None = None,
+    def __init__(self, max_sessions: int = 10_000, ttl_s: float = 3600.0, max_bytes: int | None = DEFAULT_MAX_BYTES,
                  clock: Callable[[], float] = time.monotonic):
         if max_sessions < 1 or ttl_s <= 0 or (max_bytes is not None and max_bytes < 0):
             raise ValueError("max_sessions must be >= 1, ttl_s > 0 and max_bytes >= 0")

@@ -4,6 +4,7 @@ import math
 import random
 import sys
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -107,6 +108,17 @@ def test_put_resets_ttl_and_other_sessions_expire_independently():
     store.put("b", state("b2"))
     clock.now += 4.9
     assert store.get("b").goal == "goal b2"
+
+
+def test_the_default_store_and_gems_and_wraps_are_bounded_in_bytes():
+    """Without a ``max_bytes`` a store kept every state under its session count: 10,000 sessions of a long history
+    (``wrap(client)``'s and a library ``GEM()``'s default store) held gigabytes; now 1 GiB by default."""
+    from gemkernels import GEM
+
+    for store in (SessionStore(), GEM("paper", encoder="hash").store):  # wrap(client)'s default is GEM("paper")
+        for tag in "abc":
+            store.put(tag, replace(state(tag), nbytes=400 << 20))
+        assert store.nbytes <= 1 << 30 and store.get("a") is None and store.get("c") is not None
 
 
 @pytest.fixture
