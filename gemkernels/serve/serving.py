@@ -185,6 +185,16 @@ def read_json(raw: bytes, coding: str, key: str, limit: int
     return text, body, layout
 
 
+async def read_request_json(request: Request, raw: bytes, key: str, limit: int
+                            ) -> tuple[bytes, dict[str, Any] | None, ArrayLayout | None]:
+    """`read_json` of a request's body, on the event loop when it is small and plain, else in a thread (a large
+    body takes up to a second to read: other requests go on meanwhile)."""
+    coding = request.headers.get("content-encoding", "")
+    if len(raw) <= INLINE_PARSE_BYTES and not coding:
+        return read_json(raw, coding, key, limit)
+    return await asyncio.to_thread(read_json, raw, coding, key, limit)
+
+
 class RelayedAnswer(Response):
     """An upstream's answer relayed to the client chunk by chunk as it arrives; ``close`` (the upstream response's)
     runs when the relay ends, and at once when the client goes away, so that a generation streamed to nobody stops.
@@ -276,11 +286,8 @@ class Proxy:
     async def compressed_body(self, api: ApiFormat, request: Request, raw: bytes, save: bool) -> bytes | None:
         """The body to forward, decoded, when compression removed something from ``raw``; else None (``raw`` goes
         out as sent: the reason is in the metrics)."""
-        coding = request.headers.get("content-encoding", "")
-        reading = (raw, coding, api.history, self.config.max_body_bytes)
-        try:  # a large body takes up to a second to read: off the event loop, so other requests go on meanwhile
-            inline = len(raw) <= INLINE_PARSE_BYTES and not coding
-            text, body, layout = read_json(*reading) if inline else await asyncio.to_thread(read_json, *reading)
+        try:
+            text, body, layout = await read_request_json(request, raw, api.history, self.config.max_body_bytes)
         except UndecodableBody as err:
             return self.unchanged(api, "undecodable_body", str(err))
         if body is None:
@@ -445,11 +452,8 @@ class Proxy:
         raw = await read_body(request, config.max_body_bytes, config.body_timeout)
         if isinstance(raw, Response):
             return raw
-        coding = request.headers.get("content-encoding", "")
-        reading = (raw, coding, "messages", config.max_body_bytes)
-        try:  # as `compressed_body` reads, a large body off the event loop
-            inline = len(raw) <= INLINE_PARSE_BYTES and not coding
-            text, body, layout = read_json(*reading) if inline else await asyncio.to_thread(read_json, *reading)
+        try:
+            text, body, layout = await read_request_json(request, raw, "messages", config.max_body_bytes)
         except UndecodableBody as err:
             return error_response(400, "invalid_request", str(err))
         if body is None or not isinstance(body.get("messages"), list):
