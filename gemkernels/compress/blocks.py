@@ -278,8 +278,8 @@ def openai_block(messages: Sequence[dict[str, Any]], span: Span) -> Block:
 def anthropic_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
     """Assistant ``tool_use`` messages answered exactly by the next user message's ``tool_result`` parts.
 
-    A block whose answering message also carries other parts, or either of whose messages also makes OpenAI calls
-    (a history that mixes formats), is valid but not removable."""
+    A block whose answering message also carries other parts, either of whose messages also makes OpenAI calls
+    (a history that mixes formats), or that loads deferred tools (`loads_tools`) is valid but not removable."""
     spans = []
     seen: set[str] = set()
     i = 0
@@ -305,10 +305,39 @@ def anthropic_spans(messages: Sequence[dict[str, Any]]) -> list[Span]:
         if not all(isinstance(a, str) for a in answered) or len(answered) != len(ids) or set(answered) != set(ids):
             raise BlockStructureError(f"the tool_use ids of message {i} are not answered exactly by message {i + 1}")
         if all(p.get("type") == "tool_result" for p in answer_parts) and not (
-                calls_openai_tools(message) or calls_openai_tools(answer)):
+                calls_openai_tools(message) or calls_openai_tools(answer) or loads_tools(parts(message), answer_parts)):
             spans.append(Span((i, i + 1), tuple(ids)))
         i += 2
     return spans
+
+
+#: Anthropic content parts the API checks when they come back: the last assistant turn's must (a tool loop fails
+#: without them), and models with preserved thinking bind each to the messages before it.
+THINKING_PARTS = frozenset({"thinking", "redacted_thinking"})
+
+
+def carries_thinking(message: dict[str, Any]) -> bool:
+    """Whether ``message`` holds an Anthropic ``thinking`` or ``redacted_thinking`` part."""
+    content = message.get("content")
+    return isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in THINKING_PARTS for p in content)
+
+
+def thinking_marks(messages: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """An Anthropic history's (start of the current tool loop: the message after the last user message that is no
+    tool result, end of the thinking: one past the last message carrying thinking, 0 if none)."""
+    loop = next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"
+                 and not is_tool_result_message(messages[i])), 0)
+    end = next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"
+                and carries_thinking(messages[i])), 0)
+    return loop, end
+
+
+def loads_tools(assistant: list[dict[str, Any]], answer: list[dict[str, Any]]) -> bool:
+    """Whether a block loads deferred tools (Anthropic tool search): a ``tool_search_tool_result`` part, or a
+    ``tool_reference`` in a tool result; removing it would unload tools the conversation may still call."""
+    return any(p.get("type") == "tool_search_tool_result" for p in assistant) or any(
+        isinstance(p.get("content"), list) and any(isinstance(c, dict) and c.get("type") == "tool_reference"
+                                                   for c in p["content"]) for p in answer)
 
 
 def calls_openai_tools(message: dict[str, Any]) -> bool:

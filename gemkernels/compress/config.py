@@ -65,7 +65,14 @@ class GEMConfig:
     ``keep_tools``: tool names whose blocks are always kept (protected as evidence ``kept_tool``).
     ``max_forward_tokens``: a hard ceiling on the request's tokens (None: none): past it, after the policy has
     chosen, blocks go, oldest first, outside the selected core, then in the core, then protected ones, never the
-    newest block (so the request fits the model's window whenever dropping blocks can make it fit)."""
+    newest block (so the request fits the model's window whenever dropping blocks can make it fit).
+
+    Anthropic thinking: a block of the current tool loop whose assistant message thinks is always sent (the API
+    requires the last turn's thinking); ``thinking_bound`` (models with preserved thinking bind each thinking block
+    to every message before it) keeps each block before the last thinking message as the last request sent it,
+    so in a thinking session only blocks removed before the model thought go; set it False for a model that
+    drops earlier turns' thinking instead (no binding), or a request asking ``prefix_mismatch_behavior:
+    drop_block``."""
 
     tau: float = 0.90
     k: int = 16
@@ -92,6 +99,7 @@ class GEMConfig:
     drop_superseded: bool = False
     keep_tools: tuple[str, ...] = ()
     max_forward_tokens: int | None = None
+    thinking_bound: bool = True
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
 
     def __post_init__(self) -> None:

@@ -19,7 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from gemkernels.compress.blocks import RESPONSES, BlockStructureError, History, Span, parse_history, reconstruct
+from gemkernels.compress.blocks import (
+    ANTHROPIC,
+    RESPONSES,
+    BlockStructureError,
+    History,
+    Span,
+    carries_thinking,
+    parse_history,
+    reconstruct,
+    thinking_marks,
+)
 from gemkernels.compress.config import GEMConfig, resolve_config
 from gemkernels.compress.encoders import Encoder, EncodingDeferred, make_encoder
 from gemkernels.compress.evidence import BlockFeatures, block_features, evidence_picks
@@ -326,6 +336,7 @@ class GEM:
         select_seconds = time.perf_counter() - select_started
         other = self._other_tokens(history)
         forwarded, reason = self._ceiling(history, forwarded, sizes, other, core, seeds, reason)
+        forwarded, reason = self._thinking_kept(history, forwarded, state, keys, reason)
 
         out = reconstruct(history, forwarded)
         if save:  # the cache holds exactly this request's blocks when it extended the last one's
@@ -379,6 +390,7 @@ class GEM:
                       -(-sum(serialised_chars(messages[p]) for p in span.positions) // 4)
                       for key, span in zip(keys, history.spans)]
             forwarded, reason = self._ceiling(history, forwarded, tokens, self._other_tokens(history), (), (), reason)
+        forwarded, reason = self._thinking_kept(history, forwarded, state, keys, reason)
         removed = sorted(set(range(n)) - forwarded)
         out = reconstruct(history, forwarded)
         stats = CompressionStats(
@@ -409,6 +421,26 @@ class GEM:
             return forwarded, reason
         note = f"; {len(dropped)} more blocks dropped to fit max_forward_tokens {ceiling}"
         return forwarded - set(dropped), reason + note
+
+    def _thinking_kept(self, history: History, forwarded: set[int], state: SessionState | None,
+                       keys: Sequence[Hashable], reason: str) -> tuple[set[int], str]:
+        """``forwarded`` with what the Anthropic API checks of thinking put back (DESIGN.md §2.1): every block of the
+        current tool loop whose assistant message thinks, and (``thinking_bound``) every block before the last
+        thinking message as the model saw it: removed only if the last request's forwarded set left it out."""
+        if history.format != ANTHROPIC:
+            return forwarded, reason
+        messages, spans = history.messages, history.spans
+        loop, end = thinking_marks(messages)
+        if end == 0:
+            return forwarded, reason
+        seen = len(state.block_keys) if state is not None and tuple(keys[:len(state.block_keys)]) == \
+            state.block_keys else 0
+        kept = {b for b, span in enumerate(spans) if b not in forwarded and (
+            (span.start >= loop and carries_thinking(messages[span.start]))
+            or (self.config.thinking_bound and span.start < end and (b >= seen or keys[b] in state.forwarded)))}
+        if not kept:
+            return forwarded, reason
+        return forwarded | kept, reason + f"; {len(kept)} blocks kept whose thinking the API checks"
 
     def _read_lexicons(self, columns: BlockColumns, history: History, keys: Sequence[Hashable],
                        cache: dict[Hashable, BlockInfo]) -> BlockColumns:

@@ -3,8 +3,10 @@
 A removable block is a run of consecutive tool-call items (``function_call``, ``custom_tool_call``,
 ``local_shell_call``), the ``reasoning`` items right before the run, and the ``*_output`` item answering each call
 (matched by ``call_id``, after its call). A reasoning item goes only with the calls it precedes, so a kept call keeps
-its reasoning and encrypted reasoning is never sent without its call. Messages of every role, ``compaction`` items,
-reasoning before a message, and items of any other type are never removed.
+its reasoning and encrypted reasoning is never sent without its call; an ``item_reference`` to a reasoning item (an
+``rs_`` id) counts as one. Messages of every role, ``compaction`` items, reasoning before a message, items of any other
+type, and a run of calls that another kind of item (a hosted tool's call) follows in the same response, which would
+lose its reasoning, are never removed.
 """
 
 from __future__ import annotations
@@ -44,11 +46,14 @@ def responses_spans(items: Sequence[dict[str, Any]]) -> list[Span]:
     kind_of: dict[str, str] = {}
     answered: set[str] = set()
     reasoning: list[int] = []
+    pinned: set[int] = set()  # blocks whose response goes on with an item kept whatever happens
     in_run = False  # the previous item was a call: a further call joins its block
     for i, item in enumerate(items):
         kind = item.get("type")
         if type(kind) is not str:  # not a type this parser knows (and maybe unhashable): never removed
             kind = None
+        if kind == "item_reference" and is_reasoning_reference(item):
+            kind = "reasoning"
         call_id = item.get("call_id")
         if kind in CALL_OUTPUTS:
             if not isinstance(call_id, str) or not call_id:
@@ -62,7 +67,7 @@ def responses_spans(items: Sequence[dict[str, Any]]) -> list[Span]:
             blocks[-1][1].append(call_id)
             reasoning, in_run = [], True
             continue
-        in_run = False
+        after_call, in_run = in_run, False
         if kind in OUTPUT_TYPES:
             if not isinstance(call_id, str) or call_id not in owner:
                 raise BlockStructureError(f"input item {i} answers no earlier call (call_id {call_id!r})")
@@ -75,11 +80,20 @@ def responses_spans(items: Sequence[dict[str, Any]]) -> list[Span]:
         elif kind == "reasoning":
             reasoning = reasoning + [i]
         else:
+            if after_call and kind not in (None, "message"):
+                pinned.add(len(blocks) - 1)  # a hosted call of the same response needs the block's reasoning
             reasoning = []  # reasoning before a message (or anything else) stays with it
     missing = next((call_id for call_id in owner if call_id not in answered), None)
     if missing is not None:
         raise BlockStructureError(f"call {missing!r} has no output")
-    return [Span(tuple(sorted(positions)), tuple(ids)) for positions, ids in blocks]
+    return [Span(tuple(sorted(positions)), tuple(ids)) for b, (positions, ids) in enumerate(blocks) if b not in pinned]
+
+
+def is_reasoning_reference(item: dict[str, Any]) -> bool:
+    """Whether an ``item_reference`` names a reasoning item (``rs_`` ids): it then goes with the next call, as the
+    reasoning item would."""
+    reference = item.get("id")
+    return type(reference) is str and reference.startswith("rs_")
 
 
 def ends_open(items: Sequence[Any]) -> bool:
@@ -87,7 +101,7 @@ def ends_open(items: Sequence[Any]) -> bool:
     last call with only outputs after it, which a later call will take into its block."""
     for item in reversed(items):
         kind = item.get("type") if isinstance(item, dict) else None
-        if kind == "reasoning":
+        if kind == "reasoning" or kind == "item_reference" and is_reasoning_reference(item):
             return True
         if kind not in OUTPUT_TYPES:
             return False

@@ -34,7 +34,7 @@ from gemkernels.compress.blocks import (
     openai_spans,
     parts,
 )
-from gemkernels.compress.responses_items import ends_open, is_responses_input, responses_spans
+from gemkernels.compress.responses_items import CALL_OUTPUTS, ends_open, is_responses_input, responses_spans
 from gemkernels.compress.text_actions import PROFILES, TextActionProfile, text_action_spans, text_scan_end
 
 #: The roles a kept parse may hold (a request with any other, a Responses item's arbitrary value, parses whole).
@@ -141,10 +141,13 @@ class RawMessages(MessageBytes):
 
 
 def used_call_ids(format: str, messages: Sequence[Any], spans: Sequence[Span]) -> frozenset[str]:
-    """Every call id ``messages`` use: their blocks', and for Anthropic also those of tool_use parts in no block
-    (answered by a message that carries other parts too)."""
+    """Every call id ``messages`` use: their blocks', and also those of calls in no block (an Anthropic tool_use
+    answered by a message that carries other parts too, a Responses call a hosted tool's call follows)."""
     ids = set(chain.from_iterable([span.call_ids for span in spans]))
-    if format == ANTHROPIC:
+    if format == RESPONSES:
+        ids.update(item.get("call_id") for item in messages if item.get("type") in CALL_OUTPUTS
+                   and isinstance(item.get("call_id"), str))
+    elif format == ANTHROPIC:
         ids.update(p.get("id") for m in messages if m.get("role") == "assistant" for p in parts(m)
                    if p.get("type") == "tool_use" and isinstance(p.get("id"), str))
     return frozenset(ids)

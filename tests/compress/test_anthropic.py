@@ -8,6 +8,7 @@ import pytest
 
 from gemkernels import GEM
 from gemkernels.compress.blocks import ANTHROPIC, OPENAI, BlockStructureError, detect_format, parse_history, reconstruct
+from gemkernels.compress.config import resolve_config
 from gemkernels.compress.encoders import HashEncoder
 
 
@@ -219,8 +220,8 @@ def test_compress_anthropic_history(preset):
     h = anthropic_history()
     history = parse_history(h)
     assert history.format == ANTHROPIC and len(history.spans) == 39  # block 20's answer is mixed
-    before = copy.deepcopy(h)
-    gem = GEM(preset, encoder=HashEncoder(128), token_counter=None)
+    before = copy.deepcopy(h)  # its thinking is unbound here (test_anthropic_thinking covers bound thinking)
+    gem = GEM(resolve_config(preset, thinking_bound=False), encoder=HashEncoder(128), token_counter=None)
     result = gem.compress(h, session_id="anthropic")
     stats = result.stats
     out = result.messages
@@ -345,3 +346,21 @@ def test_a_block_that_also_makes_openai_calls_is_never_dropped(carrier, call):
     assert 13 not in parse_history(h).block_positions
     out = GEM("core", encoder=HashEncoder(32), token_counter=None).compress(h).messages
     assert any(m is h[13] for m in out) and any(m is h[14] for m in out) and any(m is h[15] for m in out)
+
+
+def test_blocks_that_load_deferred_tools_are_kept():
+    """Tool search: a ``tool_reference`` result (a client's search tool) or a ``tool_search_tool_result`` part (the
+    server's) loads tools the conversation may call later; such a block is not removable (old code removed it)."""
+    h = [{"role": "user", "content": "Open a ticket."},
+         {"role": "assistant", "content": [tool_use("tu_1", "search_tools", query="ticket")]},
+         {"role": "user", "content": [tool_result("tu_1", [{"type": "tool_reference", "tool_name": "jira_create"}])]},
+         {"role": "assistant", "content": [
+             {"type": "server_tool_use", "id": "srvtoolu_1", "name": "tool_search_tool_regex", "input": {}},
+             {"type": "tool_search_tool_result", "tool_use_id": "srvtoolu_1", "content": {
+                 "type": "tool_search_tool_search_result", "tool_references": [{"type": "tool_reference",
+                                                                                "tool_name": "jira_get"}]}},
+             tool_use("tu_2", "jira_get", id=7)]},
+         {"role": "user", "content": [tool_result("tu_2", "ticket 7")]},
+         {"role": "assistant", "content": [tool_use("tu_3", "jira_create", title="x")]},
+         {"role": "user", "content": [tool_result("tu_3", "created")]}]
+    assert [span.positions for span in parse_history(h).spans] == [(5, 6)]

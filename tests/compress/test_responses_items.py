@@ -152,3 +152,24 @@ def test_an_outputs_text_unwraps_codex_shell_output_and_keeps_anything_else(outp
 
     assert output_text({"type": "function_call_output", "call_id": "c", "output": output}) == (expected or
                                                                                                (output, False))
+
+
+def test_a_reference_to_a_reasoning_item_goes_with_the_next_call():
+    """``{"type": "item_reference", "id": "rs_..."}`` stands for a reasoning item: removing its call's block and
+    leaving it would send reasoning without its call (old code did)."""
+    items = [message("user", "task"), {"type": "item_reference", "id": "rs_1"}, call("function_call", "c1"),
+             output("function_call", "c1"), {"type": "item_reference", "id": "msg_2"}, call("function_call", "c2"),
+             output("function_call", "c2")]
+    assert [span.positions for span in responses_spans(items)] == [(1, 2, 3), (5, 6)]
+
+
+def test_a_call_run_that_a_hosted_call_follows_is_kept():
+    """reasoning, function_call, then a computer_call of the same response: removing the function call's block takes
+    the reasoning the computer_call needs (old code removed it); a message after the run does not pin it."""
+    hosted = {"type": "computer_call", "id": "cu_1", "call_id": "cc_1", "action": {"type": "screenshot"}}
+    items = [message("user", "task"), reasoning(1), call("function_call", "c1"), hosted,
+             output("function_call", "c1"), reasoning(5), call("function_call", "c2"),
+             message("assistant", "and a note"), output("function_call", "c2")]
+    assert [span.positions for span in responses_spans(items)] == [(5, 6, 8)]
+    with pytest.raises(BlockStructureError, match="used twice"):  # the kept block's call id still counts
+        responses_spans(items + [call("function_call", "c1"), output("function_call", "c1")])
