@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gemkernels.cli.extras import encoder_extras, missing_extra, require
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
-from gemkernels.compress.encoders import ENCODER_HELP
+from gemkernels.compress.encoders import ENCODER_HELP, check_encoder_name
 from gemkernels.compress.tokens import Prices
 
 if TYPE_CHECKING:
@@ -45,23 +46,39 @@ def add_parser(subparsers: Any) -> None:
     comp.set_defaults(func=run)
 
 
-def read_request(source: str, run_name: str | None) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None]:
-    """(request object or None, messages, recorded goal) from a file, a recorded run, or ``-`` (stdin)."""
+#: The roles of a chat message; a list of objects with these (and content or calls) is a history as it is sent.
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def read_request(source: str, run_name: str | None
+                 ) -> tuple[dict[str, Any] | None, str, list[dict[str, Any]], str | None]:
+    """(request object or None, the request's history field, its history, recorded goal) from a file, a recorded
+    run, or ``-`` (stdin); ``ValueError`` naming the file for anything else."""
     if source == "-":
-        data = json.load(sys.stdin)
+        data = json_value(sys.stdin.read(), "stdin")
     else:
-        data = json.loads(Path(source).read_text()) if source.endswith(".json") else None
-    if isinstance(data, dict) and isinstance(data.get("messages"), list) and "model" in data:
-        return data, data["messages"], None
+        path = Path(source).expanduser()
+        if path.is_dir():
+            raise ValueError(f"{source} is a folder: gem compress reads one file (gem replay and gem online read "
+                             "folders)")
+        data = json_value(path.read_text(encoding="utf-8-sig"), source) if path.suffix == ".json" else None
+    if isinstance(data, dict) and "model" in data:
+        field = next((key for key in ("messages", "input") if isinstance(data.get(key), list)), None)
+        if field is not None:
+            return data, field, data[field], None
     if source == "-":
-        raise ValueError("stdin must hold a chat request object with 'model' and 'messages'")
-    plain = isinstance(data, list) and all(isinstance(m, dict) and "role" in m for m in data)
-    if plain or (isinstance(data, dict) and isinstance(data.get("messages"), list)
-                 and "trajectory_format" not in data):
-        return None, data if plain else data["messages"], None  # forwarded as given, even if invalid
+        raise ValueError("stdin must hold a request object with 'model' and 'messages' (or a Responses 'input')")
+    messages = data["messages"] if isinstance(data, dict) and "trajectory_format" not in data else data
+    if is_chat_history(messages):
+        if run_name is not None:
+            raise ValueError(f"--run picks one run of a file of several; {source} holds one history")
+        return None, "messages", messages, None  # forwarded as given, even if invalid
     from gemkernels.evaluate.loaders import read_runs
 
-    runs = read_runs(source)
+    try:
+        runs = read_runs(path)
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"{source}: {err}") from None
     if run_name is not None:
         runs = [run for run in runs if run.name == run_name]
         if not runs:
@@ -69,7 +86,39 @@ def read_request(source: str, run_name: str | None) -> tuple[dict[str, Any] | No
     if len(runs) > 1:
         names = ", ".join(run.name for run in runs[:5])
         raise ValueError(f"{source} holds {len(runs)} runs; pick one with --run (e.g. {names})")
-    return None, runs[0].messages, runs[0].goal
+    if not runs:
+        raise ValueError(f"{source} holds no run")
+    return None, "messages", runs[0].messages, runs[0].goal
+
+
+def json_value(text: str, source: str) -> Any:
+    """``text`` parsed, or ``ValueError`` naming ``source`` (empty, or not JSON)."""
+    if not text.strip():
+        raise ValueError(f"{source} is empty")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"{source} is not JSON ({err})") from None
+
+
+def is_chat_history(value: Any) -> bool:
+    """A non-empty list of chat messages as an API takes them: objects with a chat role and content or calls
+    (another agent's records, e.g. Gemini CLI's ``parts``, go to the run readers)."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and m.get("role") in CHAT_ROLES and "parts" not in m
+        and ("content" in m or "tool_calls" in m or "function_call" in m) for m in value)
+
+
+def check_target(flag: str, target: str | None) -> None:
+    """``ValueError`` before any work when ``target`` (a file ``flag`` writes; ``-``: stdout) cannot be written: a
+    folder, or in a folder that does not exist."""
+    if target is None or target == "-":
+        return
+    path = Path(target).expanduser()
+    if path.is_dir():
+        raise ValueError(f"{flag} {target} is a folder; name a file")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag} {target}: the folder {path.parent} does not exist")
 
 
 def summary(stats: CompressionStats, labels: dict[int, str]) -> str:
@@ -157,7 +206,10 @@ def run(args: argparse.Namespace) -> int:
     from gemkernels.evaluate.loaders import checkpoints
 
     try:
-        request, messages, recorded_goal = read_request(args.source, args.run)
+        check_target("-o", args.output)
+        check_target("--stats", args.stats)
+        check_encoder_name(args.encoder)
+        request, field, messages, recorded_goal = read_request(args.source, args.run)
     except (OSError, ValueError) as err:
         print(f"gem compress: {err}", file=sys.stderr)
         return 2
@@ -177,15 +229,18 @@ def run(args: argparse.Namespace) -> int:
     result = gem.compress(messages, session_id=args.session, goal=args.goal or recorded_goal)
     print(summary(result.stats, block_labels(result.stats) if args.verbose else {}), file=sys.stderr)
     if args.output:
-        forwarded = {**request, "messages": result.messages} if request is not None else result.messages
+        forwarded = {**request, field: result.messages} if request is not None else result.messages
         text = json.dumps(forwarded, ensure_ascii=False, indent=1)
         if args.output == "-":
-            print(text)
+            try:
+                print(text, flush=True)
+            except BrokenPipeError:  # the reader stopped (``| head``): what it read is what was wanted
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         else:
-            Path(args.output).write_text(text)
+            Path(args.output).expanduser().write_text(text)
     if args.stats:
-        Path(args.stats).write_text(json.dumps(result.stats.to_dict(), indent=1))
-    if args.whole_run and len(checkpoints(messages)) > 1:
+        Path(args.stats).expanduser().write_text(json.dumps(result.stats.to_dict(), indent=1))
+    if args.whole_run and field == "messages" and len(checkpoints(messages)) > 1:
         print(whole_run(messages, gem.encoder, prices), file=sys.stderr)
     return 0
 

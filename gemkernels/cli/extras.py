@@ -40,12 +40,14 @@ def installed(module: str) -> bool:
 
 
 def missing_extra(command: str, *extras: str) -> str | None:
-    """None when every module of ``extras`` imports here, else the sentence that names the install."""
-    for extra in extras:
-        missing = [m for m in EXTRA_MODULES[extra] if not installed(m)]
-        if missing:
-            return f"gem {command} needs pip install 'gemkernels[{extra}]' (missing: {', '.join(missing)})"
-    return None
+    """None when every module of ``extras`` imports here, else the sentence that names the one install bringing
+    all that is missing."""
+    missing = {extra: [m for m in EXTRA_MODULES[extra] if not installed(m)] for extra in dict.fromkeys(extras)}
+    missing = {extra: modules for extra, modules in missing.items() if modules}
+    if not missing:
+        return None
+    modules = ", ".join(dict.fromkeys(m for found in missing.values() for m in found))
+    return f"gem {command} needs pip install 'gemkernels[{','.join(missing)}]' (missing: {modules})"
 
 
 def require(command: str, *extras: str) -> bool:

@@ -12,11 +12,12 @@ import math
 import os
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.cli.settings import SettingsError, defer_defaults, resolve
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
-from gemkernels.compress.encoders import ENCODER_HELP
+from gemkernels.compress.encoders import ENCODER_HELP, check_encoder_name
 from gemkernels.serve.config import ServerConfig, default_threads
 from gemkernels.serve.connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_KEEP_ALIVE_TIMEOUT
 
@@ -134,6 +135,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         source = next((where for item, where in getattr(args, "set_sources", {}).items() if repr(item) in str(err)),
                       None)
         raise ValueError(f"{err} (from {source})" if source else str(err)) from None
+    check_encoder_name(args.encoder)
+    for flag, url in (("--upstream", args.upstream), ("--anthropic-upstream", args.anthropic_upstream)):
+        parts = urlsplit(url or "http://host")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{flag} takes an http:// or https:// URL, e.g. https://api.openai.com/v1; got {url!r}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must lie in [0, 65535] (0: any free port), got {args.port}")
     if args.workers < 1 or args.threads < 1:
         raise ValueError("--workers and --threads must be at least 1")
     if args.workers > 1 and args.store == "memory":

@@ -19,6 +19,7 @@ from typing import Any
 from gemkernels.compress.evidence import EvidenceConfig
 from gemkernels.compress.text_actions import text_action_profiles
 from gemkernels.compress.tokens import Prices
+from gemkernels.select.backends import BACKENDS
 
 RANKINGS = ("geometry", "router", "retrieval")
 
@@ -109,7 +110,8 @@ class GEMConfig:
             raise ValueError(f"delta must lie in [0, 1], got {self.delta}")
         for name in ("k", "min_blocks", "reselect_every", "max_text_chars"):
             if getattr(self, name) < (1 if name != "k" else 0):
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(f"{name} must be {'positive' if name != 'k' else 'at least 0'}, got "
+                                 f"{getattr(self, name)}")
         if self.rewrite_above_blocks is not None and self.rewrite_above_blocks <= self.k:
             raise ValueError(f"rewrite_above_blocks ({self.rewrite_above_blocks}) must exceed k ({self.k}), "
                              "or every append would rewrite")
@@ -120,6 +122,8 @@ class GEMConfig:
         if self.goal_from not in ("latest", "first"):
             raise ValueError(f"goal_from must be 'latest' or 'first', got {self.goal_from!r}")
         text_action_profiles(self.text_actions, self.text_action_regex, self.text_observation_regex)
+        if self.backend != "auto" and self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(('auto', *BACKENDS))}")
         if self.ranking not in RANKINGS:
             raise ValueError(f"ranking must be one of {', '.join(RANKINGS)}, got {self.ranking!r}")
         if not 0 <= self.size_power <= 2:

@@ -87,3 +87,11 @@ def test_a_cached_price_out_of_range_is_refused_before_any_work(tmp_path, capsys
 def test_whole_run_table_can_be_left_out(capsys):
     assert main(["compress", str(EXAMPLE), "--encoder", "hash", "--no-whole-run"]) == 0
     assert "whole run" not in capsys.readouterr().err
+
+
+def test_every_missing_extra_is_named_in_one_install(monkeypatch):
+    """gem serve with neither [serve] nor [embed]: one command that installs both (it once named only the first)."""
+    hidden = set(extras.EXTRA_MODULES["serve"]) | set(extras.EXTRA_MODULES["embed"])
+    monkeypatch.setattr(extras, "installed", lambda module: module not in hidden)
+    message = extras.missing_extra("serve", "serve", "embed")
+    assert "pip install 'gemkernels[serve,embed]'" in message and "tokenizers" in message and "starlette" in message

@@ -17,7 +17,7 @@ from gemkernels.compress.encoders.cache import CachedEncoder
 from gemkernels.compress.encoders.hashing import HashEncoder
 
 __all__ = ["CachedEncoder", "Encoder", "EncodingDeferred", "HashEncoder", "WrappedEncoder", "ENCODER_HELP",
-           "MINILM_ENCODERS", "is_hash_encoder", "make_encoder", "normalise_rows"]
+           "MINILM_ENCODERS", "check_encoder_name", "is_hash_encoder", "make_encoder", "normalise_rows"]
 
 
 ENCODER_HELP = ("minilm (the default: minilm-static, all-MiniLM-L6-v2 distilled to static word-piece vectors), "
@@ -32,16 +32,36 @@ def is_hash_encoder(name: str) -> bool:
     return name == "hash" or name.startswith("hash-")
 
 
+def check_encoder_name(name: str) -> None:
+    """``ValueError`` naming the choices unless ``name`` is one `make_encoder` takes (checked without loading it)."""
+    if name in MINILM_ENCODERS or name in ("minilm", "hash"):
+        return
+    if is_hash_encoder(name):
+        if not name[5:].isdigit() or int(name[5:]) < 1:
+            raise ValueError(f"encoder {name!r}: hash-<dim> takes a positive whole dimension, e.g. hash-256")
+        return
+    if name.startswith("openai:"):
+        model, _, dimensions = name[len("openai:"):].partition(":")
+        if not model or (dimensions and not dimensions.isdigit()):
+            raise ValueError(f"encoder {name!r}: write openai:<model> or openai:<model>:<dimensions>, e.g. "
+                             "openai:text-embedding-3-small:512")
+        return
+    raise ValueError(f"unknown encoder {name!r}; choose {', '.join(MINILM_ENCODERS)}, hash, hash-<dim> or "
+                     "openai:<model>[:<dimensions>]")
+
+
 def make_encoder(name: str, cached: bool = True) -> Encoder:
     """An encoder by name, wrapped in a `CachedEncoder` unless ``cached`` is false: one of `MINILM_ENCODERS`
     (``minilm``, the default, is ``minilm-static``), ``hash`` / ``hash-<dim>``, or ``openai:<model>[:<dimensions>]``
     served at ``$GEM_EMBEDDINGS_BASE_URL`` (default OpenAI's API), key from ``$GEM_EMBEDDINGS_API_KEY``, else
     ``$OPENAI_API_KEY``."""
+    check_encoder_name(name)
     encoder = named_encoder(name)
     return CachedEncoder(encoder) if cached else encoder
 
 
 def named_encoder(name: str) -> Encoder:
+    """The encoder ``name`` names (a name `check_encoder_name` accepted), without the cache."""
     if name in ("minilm", "minilm-static"):
         from gemkernels.compress.encoders.static import StaticEncoder
 
@@ -56,12 +76,9 @@ def named_encoder(name: str) -> Encoder:
         return MiniLMEncoder()
     if is_hash_encoder(name):
         return HashEncoder(int(name[5:]) if name != "hash" else 256)
-    if name.startswith("openai:"):
-        from gemkernels.compress.encoders.remote import OpenAIEmbeddingsEncoder
+    from gemkernels.compress.encoders.remote import OpenAIEmbeddingsEncoder  # the one form left (checked)
 
-        model, _, dimensions = name[len("openai:"):].partition(":")
-        key_env = "GEM_EMBEDDINGS_API_KEY" if "GEM_EMBEDDINGS_API_KEY" in os.environ else "OPENAI_API_KEY"
-        return OpenAIEmbeddingsEncoder(os.environ.get("GEM_EMBEDDINGS_BASE_URL", "https://api.openai.com/v1"), model,
-                                       dimensions=int(dimensions) if dimensions else None, api_key_env=key_env)
-    raise ValueError(f"unknown encoder {name!r}; choose {', '.join(MINILM_ENCODERS)}, hash, hash-<dim> or "
-                     "openai:<model>[:<dimensions>]")
+    model, _, dimensions = name[len("openai:"):].partition(":")
+    key_env = "GEM_EMBEDDINGS_API_KEY" if "GEM_EMBEDDINGS_API_KEY" in os.environ else "OPENAI_API_KEY"
+    return OpenAIEmbeddingsEncoder(os.environ.get("GEM_EMBEDDINGS_BASE_URL", "https://api.openai.com/v1"), model,
+                                   dimensions=int(dimensions) if dimensions else None, api_key_env=key_env)

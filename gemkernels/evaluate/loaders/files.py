@@ -99,7 +99,7 @@ def read_document(path: Path) -> Document:
     folder: its events in order, unreadable event files counted as skipped; a Cline task folder, `read_task_folder`."""
     if path.is_dir():
         return read_task_folder(path) if is_task_folder(path) else read_event_folder(path)
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = path.read_text(encoding="utf-8-sig", errors="replace")  # -sig: a byte order mark is not content
     if path.suffix == ".md":
         return Document(text)
     try:
