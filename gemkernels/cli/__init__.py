@@ -20,12 +20,14 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from gemkernels.cli.help_text import description
+
 SUBCOMMANDS = ("compress", "serve", "replay", "online", "analyze", "train-router", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``gem`` parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(prog="gem", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="gem", description=description(__doc__))
     commands = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__name__}.{name.replace('-', '_')}").add_parser(commands)

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from gemkernels.cli.extras import encoder_extras, require
+from gemkernels.cli.help_text import description
 from gemkernels.cli.runners import add_ray_argument, open_runner
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR
@@ -18,7 +19,7 @@ from gemkernels.evaluate.privacy import SHOW_PATHS_HELP, private_paths
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``analyze`` (handler in ``func``)."""
     p = subparsers.add_parser("analyze", help="spectral concentration with controls, low-energy action share, "
-                                              "controlled replacement", description=__doc__.splitlines()[0])
+                                              "controlled replacement", description=description(__doc__))
     p.add_argument("paths", nargs="+", help=PATHS_HELP)
     p.add_argument("--subagents", choices=SUBAGENTS, default="include", help=SUBAGENTS_HELP)
     p.add_argument("--show-paths", action="store_true", help=SHOW_PATHS_HELP)

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from gemkernels.cli.extras import require
+from gemkernels.cli.help_text import description
 
 
 def add_parser(subparsers: Any) -> None:
@@ -13,7 +14,7 @@ def add_parser(subparsers: Any) -> None:
     from gemkernels.benchmark import sweep
 
     parser = subparsers.add_parser("bench", help="selection throughput sweep against the machine's ceilings",
-                                   description=sweep.__doc__.split("\n\n")[0])
+                                   description=description(sweep.__doc__))
     sweep.add_arguments(parser)
     parser.set_defaults(func=run)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gemkernels.cli.extras import encoder_extras, missing_extra, require
+from gemkernels.cli.help_text import description
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
 from gemkernels.compress.encoders import ENCODER_HELP, check_encoder_name
 from gemkernels.compress.tokens import Prices
@@ -25,9 +26,11 @@ WHOLE_RUN_PRESETS = ("paper", "balanced", "core", "cache-aware")
 
 def add_parser(subparsers: Any) -> None:
     """Register ``gem compress``."""
-    comp = subparsers.add_parser("compress", help="compress a chat request or a recorded run")
-    comp.add_argument("source", help="request/messages JSON, a recorded run (mini-swe-agent, SWE-agent, "
-                                     "tau-bench, OpenAI JSON/JSONL), or - for a request on stdin")
+    comp = subparsers.add_parser("compress", help="compress a chat request or a recorded run",
+                                 description=description(__doc__))
+    comp.add_argument("source", help="a request (chat messages or a Responses input) or messages JSON, one "
+                                     "recorded run in any format gem replay reads (a file; --run picks one of "
+                                     "several), or - for a request on stdin")
     comp.add_argument("--encoder", default="minilm", help=ENCODER_HELP)
     comp.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="default %(default)s")
     comp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help=OVERRIDE_HELP)

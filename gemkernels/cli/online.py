@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gemkernels.cli.extras import encoder_extras, require
+from gemkernels.cli.help_text import description
 from gemkernels.cli.runners import add_ray_argument, open_runner
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.tokens import Prices
@@ -23,7 +24,8 @@ from gemkernels.evaluate.privacy import SHOW_PATHS_HELP
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``online`` sub-command on an argparse ``add_subparsers()`` object."""
     parser = subparsers.add_parser("online", help="replay recorded runs call by call: input tokens, prompt cache "
-                                                  "and price under each forwarding policy")
+                                                  "and price under each forwarding policy",
+                                   description=description(__doc__))
     parser.add_argument("paths", nargs="+", help=PATHS_HELP)
     parser.add_argument("--subagents", choices=SUBAGENTS, default="include", help=SUBAGENTS_HELP)
     parser.add_argument("--show-paths", action="store_true", help=SHOW_PATHS_HELP)
@@ -120,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                                       progress=lambda files: progress_bar(files, len(files), True, "reading files"))
         runs = private_runs(runs, args.show_paths)
         replays, errors = replay_runs(runs, names, options, runner, evidence=evidence)
-    report_reading("online", runs, private_errors(load_errors, args.show_paths) + errors)
+    report_reading("online", runs, private_errors(load_errors, args.show_paths, args.paths) + errors)
     if not replays:
         print("gem online: no run could be replayed", file=sys.stderr)
         return 2

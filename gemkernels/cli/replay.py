@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from gemkernels.cli.extras import encoder_extras, require
+from gemkernels.cli.help_text import description
 from gemkernels.cli.runners import add_ray_argument, open_runner
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR
@@ -39,7 +40,7 @@ def name_list(text: str) -> tuple[str, ...]:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``replay`` (handler in ``func``)."""
     p = subparsers.add_parser("replay", help="offline checkpoint replay: selectors at the same K, K and tau sweeps",
-                              description=__doc__.splitlines()[0],
+                              description=description(__doc__),
                               epilog="Per-call tokens, prompt cache and price of whole runs under each forwarding "
                                      "policy (GEM presets, amortized forgetting, window, masking): gem online.")
     p.add_argument("paths", nargs="+", help=PATHS_HELP)

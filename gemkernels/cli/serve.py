@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gemkernels.cli.extras import encoder_extras, require
+from gemkernels.cli.help_text import description
 from gemkernels.cli.settings import SettingsError, defer_defaults, resolve
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
 from gemkernels.compress.encoders import ENCODER_HELP, check_encoder_name
@@ -32,7 +33,8 @@ def seconds(text: str) -> float:
 
 def add_parser(subparsers: Any) -> None:
     """Register ``gem serve``."""
-    p = subparsers.add_parser("serve", help="run the compressing OpenAI/Anthropic-compatible proxy")
+    p = subparsers.add_parser("serve", help="run the compressing OpenAI/Anthropic-compatible proxy",
+                              description=description(__doc__))
     p.add_argument("--upstream", required=True, metavar="URL",
                    help="the OpenAI-format API (chat completions, responses), and the Anthropic-format one unless "
                         "--anthropic-upstream is given, e.g. https://api.openai.com/v1")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from gemkernels.cli.extras import encoder_extras, require
+from gemkernels.cli.help_text import description
 from gemkernels.compress.encoders import ENCODER_HELP
 from gemkernels.compress.encoders.cache import DEFAULT_CACHE_DIR
 from gemkernels.evaluate.loaders import PATHS_HELP, SUBAGENTS, SUBAGENTS_HELP
@@ -17,7 +18,7 @@ from gemkernels.evaluate.loaders import PATHS_HELP, SUBAGENTS, SUBAGENTS_HELP
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``train-router`` (handler in ``func``)."""
     p = subparsers.add_parser("train-router", help="fit the learned keep/ready router on recorded runs",
-                              description=__doc__.splitlines()[0])
+                              description=description(__doc__))
     p.add_argument("paths", nargs="+", help=PATHS_HELP)
     p.add_argument("--subagents", choices=SUBAGENTS, default="include", help=SUBAGENTS_HELP)
     p.add_argument("--encoder", default="minilm", help=ENCODER_HELP + " (use the encoder GEM will run with)")

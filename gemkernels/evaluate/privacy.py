@@ -32,13 +32,18 @@ def private_runs(runs: Sequence[Run], show_paths: bool) -> list[Run]:
     return list(runs) if show_paths else [anonymised(run) for run in runs]
 
 
-def private_errors(errors: Sequence[tuple[str, str]], show_paths: bool) -> list[tuple[str, str]]:
+def private_errors(errors: Sequence[tuple[str, str]], show_paths: bool, typed: Sequence[str] = ()
+                   ) -> list[tuple[str, str]]:
     """(path, error) pairs as reports may print them: without ``show_paths`` the path is its pseudonym, and in the
-    message too (as are the file's name and the run name made from it)."""
+    message too (as are the file's name and the run name made from it), except a path the user ``typed`` (a
+    command line's: a mistyped one is named as typed)."""
     if show_paths:
         return list(errors)
     out = []
     for path, error in errors:
+        if path in typed:
+            out.append((path, error))
+            continue
         hidden = pseudonym("file", path)
         for text in (path, Path(path).name, run_stem(Path(path))):
             error = error.replace(text, hidden) if text else error

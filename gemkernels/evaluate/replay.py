@@ -431,7 +431,7 @@ def load_long_runs(paths: Sequence[str], min_blocks: int, command: str, subagent
     pseudonyms unless ``show_paths`` (`privacy`); bad files and an empty result are reported on stderr."""
     runs, errors = load_runs(paths, subagents)
     runs = private_runs(runs, show_paths)
-    report_reading(command, runs, private_errors(errors, show_paths))
+    report_reading(command, runs, private_errors(errors, show_paths, paths))
     runs = [r for r in runs if len(parse_history(r.messages).spans) > min_blocks]
     if not runs:
         print(f"gem {command}: no run has more than {min_blocks} blocks", file=sys.stderr)

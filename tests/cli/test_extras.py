@@ -95,3 +95,12 @@ def test_every_missing_extra_is_named_in_one_install(monkeypatch):
     monkeypatch.setattr(extras, "installed", lambda module: module not in hidden)
     message = extras.missing_extra("serve", "serve", "embed")
     assert "pip install 'gemkernels[serve,embed]'" in message and "tokenizers" in message and "starlette" in message
+
+
+def test_every_help_description_is_a_whole_sentence():
+    """``gem X --help`` printed the first line of a wrapped docstring, cut mid-sentence, with RST backticks."""
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.choices and "compress" in a.choices).choices
+    for name, sub in [("gem", parser), *subparsers.items()]:
+        text = sub.description or ""
+        assert "``" not in text and text.rstrip(")").rstrip().endswith((".", ")")), (name, text)

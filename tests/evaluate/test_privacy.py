@@ -69,3 +69,14 @@ def test_pseudonyms_are_stable_and_keep_links(logs):
     (path, error), = private_errors(errors, False)
     assert MARKER not in path + error and path == pseudonym("file", errors[0][0])
     assert private_errors(errors, True) == errors
+
+
+def test_a_mistyped_path_is_named_as_typed(tmp_path):
+    """``gem online ~/typo`` once answered 'skipped file-3f2a...: no such file': the user's own argument is shown; a
+    file found under a folder they named still gets its pseudonym."""
+    typo = str(tmp_path / "no-such-folder")
+    bad = tmp_path / "logs" / "broken.json"
+    errors = [(typo, "no such file, directory or glob match"), (str(bad), f"ValueError: {bad.name} is not a run")]
+    shown = private_errors(errors, False, [typo, str(tmp_path / "logs")])
+    assert shown[0] == errors[0]
+    assert shown[1][0] == pseudonym("file", str(bad)) and "broken" not in shown[1][1]
