@@ -18,6 +18,9 @@ RUN_SUFFIXES = (".json", ".jsonl", ".traj")
 #: Aider's chat history (``--chat-history-file`` renames it; a file named on the command line is read whatever its
 #: name): markdown, read as text.
 AIDER_HISTORY = ".aider.chat.history.md"
+#: Folders a scan does not enter: other programs' files (packages, version control, caches), never an agent's logs.
+NOT_LOGS = frozenset({"node_modules", ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "site-packages",
+                      ".tox", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 #: One event of an OpenHands SDK conversation folder (``events/event-00000-<id>.json``).
 EVENT_FILE = re.compile(r"event-\d+-[\w-]+\.json")
 
@@ -39,7 +42,7 @@ def expand_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]
     files: dict[Path, None] = {}
     errors = []
     for item in items:
-        text = os.fspath(item)
+        text = os.path.expanduser(os.fspath(item))  # a quoted ~ the shell left as it was
         matches = [Path(text)] if Path(text).exists() else [Path(p) for p in sorted(glob.glob(text, recursive=True))]
         if not matches:
             errors.append((text, "no such file, directory or glob match"))
@@ -53,8 +56,8 @@ def run_sources(folder: Path) -> list[Path]:
     Cline task folder as one entry; metadata beside runs is left out (an SDK conversation's ``base_state.json``, the
     ``logs.json`` of the user's prompts beside Gemini CLI's ``chats/``)."""
     found: list[Path] = []
-    for path in sorted(folder.rglob("*")):
-        if not path.is_file() or (path.suffix not in RUN_SUFFIXES and not path.name.endswith(AIDER_HISTORY)):
+    for path in sorted(walk_files(folder)):
+        if path.suffix not in RUN_SUFFIXES and not path.name.endswith(AIDER_HISTORY):
             continue
         if (path.name == "base_state.json" and is_event_folder(path.parent / "events")) or (
                 path.name == "logs.json" and (path.parent / "chats").is_dir()):
@@ -63,6 +66,14 @@ def run_sources(folder: Path) -> list[Path]:
             path = path.parent
         found.append(path.parent if EVENT_FILE.fullmatch(path.name) and is_event_folder(path.parent) else path)
     return list(dict.fromkeys(found))
+
+
+def walk_files(folder: Path) -> Iterable[Path]:
+    """Every file under ``folder``, outside the folders no agent writes its logs in (`NOT_LOGS`: installed packages,
+    version control, caches), which are not entered."""
+    for root, folders, files in os.walk(folder):
+        folders[:] = [name for name in folders if name not in NOT_LOGS]
+        yield from (Path(root) / name for name in files)
 
 
 def source_of(path: Path) -> Path:
@@ -94,32 +105,39 @@ def run_stem(path: Path) -> str:
 
 
 def read_document(path: Path) -> Document:
-    """The file as one JSON document, else as JSON Lines: every line that holds a JSON object or array, the others
-    counted as skipped; the document's own error when no line is readable. A markdown file: its text. An event
+    """The file as one JSON document, else (and a ``.jsonl`` file always) as JSON Lines: every line that holds a
+    JSON object or array, the others counted as skipped; ``ValueError`` naming the file when it is empty or no line is
+    readable. A byte order mark is skipped. A markdown file: its text. An event
     folder: its events in order, unreadable event files counted as skipped; a Cline task folder, `read_task_folder`."""
     if path.is_dir():
         return read_task_folder(path) if is_task_folder(path) else read_event_folder(path)
     text = path.read_text(encoding="utf-8-sig", errors="replace")  # -sig: a byte order mark is not content
     if path.suffix == ".md":
         return Document(text)
-    try:
-        return Document(json.loads(text))
-    except json.JSONDecodeError as whole:
-        values, skipped = [], 0
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                value = None
-            if isinstance(value, (dict, list)):
-                values.append(value)
-            else:
-                skipped += 1
-        if not values:
-            raise whole from None
-        return Document(values, skipped)
+    if not text.strip():
+        raise ValueError(f"{path.name} is empty")
+    if path.suffix != ".jsonl":  # JSON Lines is read by lines, however many it holds
+        try:
+            return Document(json.loads(text))
+        except (ValueError, RecursionError) as err:  # RecursionError: nested deeper than the parser goes
+            whole = err
+    values, skipped = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError):
+            value = None
+        if isinstance(value, (dict, list)):
+            values.append(value)
+        else:
+            skipped += 1
+    if not values:
+        if path.suffix == ".jsonl":
+            raise ValueError(f"{path.name}: no line holds a JSON object or array")
+        raise ValueError(f"{path.name} is not JSON ({whole})")
+    return Document(values, skipped)
 
 
 def read_task_folder(folder: Path) -> Document:
