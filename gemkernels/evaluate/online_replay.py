@@ -271,17 +271,26 @@ def evidence_markdown(groups: dict[str, dict[str, list[RewriteEvidence]]], optio
                   "| referenced recent | referenced Δ |", "|---|---|---|---|---|---|---|---|"]
         for policy, rows in by_policy.items():
             m = evidence_means(rows)
-            lines.append(f"| {policy_label(policy, options)} | {len(rows)} | {m['top3_kept']:.3f} "
-                         f"| {m['top3_recent']:.3f} | {paired(m, 'top3')} | {m['referenced_kept']:.3f} "
-                         f"| {m['referenced_recent']:.3f} | {paired(m, 'referenced')} |")
+            lines.append(f"| {policy_label(policy, options)} | {len(rows)} | {mean_cell(m['top3_kept'])} "
+                         f"| {mean_cell(m['top3_recent'])} | {paired(m, 'top3')} | {mean_cell(m['referenced_kept'])} "
+                         f"| {mean_cell(m['referenced_recent'])} | {paired(m, 'referenced')} |")
         lines.append("")
     return "\n".join(lines)
 
 
+def mean_cell(value: float) -> str:
+    """``0.612``, or ``–`` for a mean over no rewrites (NaN)."""
+    return "–" if math.isnan(value) else f"{value:.3f}"
+
+
 def paired(means: dict[str, float], metric: str) -> str:
-    """``+0.026 ± 0.044 (18 / 17)``: the paired difference of `evidence_means` for ``metric``."""
-    return (f"{means[f'{metric}_delta']:+.3f} ± {means[f'{metric}_delta_se']:.3f} "
-            f"({means[f'{metric}_better']} / {means[f'{metric}_worse']})")
+    """``+0.026 ± 0.044 (18 / 17)``: the paired difference of `evidence_means` for ``metric`` (``–`` over no
+    rewrites, no ``±`` over one)."""
+    delta, se = means[f"{metric}_delta"], means[f"{metric}_delta_se"]
+    if math.isnan(delta):
+        return "–"
+    spread = "" if math.isnan(se) else f" ± {se:.3f}"
+    return f"{delta:+.3f}{spread} ({means[f'{metric}_better']} / {means[f'{metric}_worse']})"
 
 
 def relative(totals: dict[str, Totals], prices: Prices) -> dict[str, dict[str, float]]:

@@ -301,3 +301,16 @@ def test_a_model_encoder_writes_one_cache_shard_per_run(tmp_path):
     replayed = replay_run(run_, ["full", "gem-cache-aware"], OPTIONS, lambda name: cache)
     assert sum(c.embedding > 0 for c in replayed.calls["gem-cache-aware"]) > 2  # blocks encoded over many calls
     assert len(list(tmp_path.glob("*/*.npz"))) == 1 and not cache.unsaved
+
+
+def test_evidence_table_shows_no_nan_for_rewrites_it_does_not_have():
+    """A policy with no rewrites, or none whose action references an earlier block, printed ``+nan ± nan (0 / 0)``;
+    one rewrite printed ``± nan``."""
+    from gemkernels.evaluate.online_replay import RewriteEvidence, evidence_markdown
+
+    one = RewriteEvidence(call=3, blocks=20, kept_blocks=8, recent_blocks=6, kept_tokens=900, top3_kept=0.5,
+                          top3_recent=0.25, referenced_kept=None, referenced_recent=None)
+    table = evidence_markdown({"all": {"gem-core": [one], "gem-paper": []}}, PolicyOptions())
+    assert "nan" not in table
+    row = next(line for line in table.splitlines() if "| 1 |" in line)
+    assert "| 0.500 | 0.250 | +0.250 (1 / 0) | – | – | – |" in row
