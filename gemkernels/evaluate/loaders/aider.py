@@ -11,7 +11,8 @@ kept); other in-chat commands are not sent and are left out, and Aider's ``Ok.``
 call. Each ``Tokens:`` line is its reply's usage: Aider's rounded counts (``sent`` counting the cache's reads and
 writes). ``/clear`` and ``/reset`` are compactions. A reply that follows another with only Aider's output between
 answers a message Aider made itself (an edit error, the architect's plan, the files the user added when the reply named
-them): it is the user message between them. The session's start time is every call's time.
+them): it is the user message between them. The session's start time is every call's time. A session stripped of its
+trailing whitespace (editors and git hooks do that) is read by its layout.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ ANSWER = re.compile(r"\[[^\]]*\]: (\S*)\s*$")  # the user's answer at the end of
 SEARCH = "<<<<<<< SEARCH"
 #: Aider's reports that run over several paragraphs (a failed SEARCH/REPLACE block quotes the block).
 MULTI_PARAGRAPH = re.compile(r"# \d+ SEARCH/REPLACE blocks? failed to match")
+#: The line that closes such a report, and the one that closes it four lines on when other blocks did apply.
+CLOSING, CLOSING_AFTER_APPLIED = "The SEARCH section must exactly match ", "Just reply with fixed versions of the "
 #: In-chat commands whose argument Aider sends as a user message; those whose output it may add; history resets.
 SENDS_TEXT = frozenset({"ask", "code", "architect", "context"})
 RUNS = frozenset({"run", "test"})
@@ -98,29 +101,64 @@ def read_aider_history(text: str, stem: str) -> list[Draft]:
 
 
 def entries(text: str) -> Iterator[tuple[str, str]]:
-    """The session's pieces in order: ``("user", input)``, ``("tool", one output entry)``, ``("text", a line of a
-    reply)``. A ``> `` entry runs to its first line ending in two spaces (one that never does is reply text)."""
+    """The session's pieces in order: ``("user", input)``, ``("tool", one output entry, without trailing
+    whitespace)``, ``("text", a line of a reply)``. Aider ends its lines with two spaces; a session without any had
+    them stripped, and its ``#### `` lines are all input (see `output_ends` for ``> `` lines)."""
     lines = text.split("\n")
+    marked = any(line.endswith("  ") for line in lines)
+    ends = output_ends(lines, marked)
     i = 0
     while i < len(lines):
         line = lines[i]
-        if line.startswith("####") and line.endswith("  ") and line[4:5] in (" ", ""):
+        if line.startswith("####") and line[4:5] in (" ", "") and (line.endswith("  ") or not marked):
             user = []
-            while i < len(lines) and lines[i].startswith("####") and lines[i].endswith("  "):
+            while i < len(lines) and lines[i].startswith("####") and (lines[i].endswith("  ") or not marked):
                 user.append(lines[i][5:].rstrip())
                 i += 1
             yield "user", "\n".join("" if part == "<blank>" else part for part in user)
             continue
-        if line.startswith("> ") or line.rstrip() == ">":
-            end, paragraphs = i, MULTI_PARAGRAPH.match(line[2:]) is not None
-            while end < len(lines) and (lines[end].strip() or paragraphs) and not lines[end].endswith("  "):
-                end += 1
-            if end < len(lines) and lines[end].endswith("  "):
-                yield "tool", "\n".join(lines[i:end + 1])[2:].rstrip()
-                i = end + 1
-                continue
+        if i in ends:
+            yield "tool", "\n".join(part.rstrip() for part in lines[i:ends[i] + 1])[2:].rstrip()
+            i = ends[i] + 1
+            continue
         yield "text", line
         i += 1
+
+
+def is_output(line: str) -> bool:
+    """A line that starts an entry of Aider's output: ``> `` (``>`` alone for an empty one)."""
+    return line.startswith("> ") or line.rstrip() == ">"
+
+
+def output_ends(lines: list[str], marked: bool) -> dict[int, int]:
+    """The last line of each ``> `` entry, by its first: the first line followed by a blank line, Aider's next line or
+    the end, else the first at all; in a ``marked`` session one ending in two spaces, before any blank line unless the
+    entry is a report over several paragraphs (else it is reply text). A stripped session's report runs to its closing
+    line if one comes before Aider's next line."""
+    n = len(lines)
+    ends: dict[int, int] = {}
+    brk = weak = blank = aider = closing = n  # the next line that ends an entry, can end one, blank, Aider's, closing
+    for j in range(n - 1, -1, -1):
+        line = lines[j]
+        if line.endswith("  ") or not marked:
+            weak = j
+            if j + 1 == n or not lines[j + 1].strip() or aider == j + 1:
+                brk = j
+        if not line.strip():
+            blank = j
+        paragraphs = is_output(line) and MULTI_PARAGRAPH.match(line[2:]) is not None
+        if paragraphs and not marked and closing < aider:
+            after = closing + 4 < aider and lines[closing + 4].startswith(CLOSING_AFTER_APPLIED)
+            ends[j] = closing + 4 if after else closing
+        elif is_output(line):
+            end = next((k for k in (brk, weak) if k < n and (k <= blank or paragraphs)), None)
+            if end is not None:
+                ends[j] = end
+        if is_output(line) or line.startswith("####"):
+            aider = j
+        if line.startswith(CLOSING):
+            closing = j
+    return ends
 
 
 def in_chat_command(value: str) -> tuple[str | None, str]:

@@ -11,14 +11,24 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from gemkernels.compress.responses_items import is_responses_input
-from gemkernels.evaluate.loaders.model import Messages, api_format, opening_task
+from gemkernels.compress.responses_items import RESPONSES_TYPES, is_responses_input
+from gemkernels.evaluate.loaders.model import RESPONSE_OUTPUT_TYPES, Messages, api_format, opening_task
 from gemkernels.evaluate.loaders.settle import Draft, Format
+
+#: The item types a Responses ``input`` may hold (a typed object of any other type is no message).
+ITEM_TYPES = RESPONSES_TYPES | RESPONSE_OUTPUT_TYPES | {
+    "message", "computer_call", "computer_call_output", "file_search_call", "code_interpreter_call", "shell_call",
+    "shell_call_output", "apply_patch_call", "apply_patch_call_output", "mcp_list_tools", "mcp_approval_request",
+    "mcp_approval_response", "mcp_call", "tool_search_output"}
 
 
 def is_message(value: Any) -> bool:
-    """A chat message (an object with a string role) or a Responses item (an object with a string type)."""
-    return isinstance(value, dict) and (isinstance(value.get("role"), str) or isinstance(value.get("type"), str))
+    """A chat message (an object with a string role) or a Responses item (an object whose type is in
+    `ITEM_TYPES`)."""
+    if not isinstance(value, dict):
+        return False
+    kind = value.get("type")
+    return isinstance(value.get("role"), str) or isinstance(kind, str) and kind in ITEM_TYPES
 
 
 def checked(messages: Any, what: str) -> list[dict[str, Any]]:
@@ -40,22 +50,27 @@ def message_list(messages: Sequence[dict[str, Any]], stem: str, what: str) -> Dr
 
 
 def unique_call_ids(messages: Sequence[dict[str, Any]]) -> Messages:
-    """Copies of ``messages`` where a call id reused after its earlier call was answered gets a fresh ``<id>-<n>``.
+    """Copies of ``messages`` where a call id (an OpenAI tool call's or an Anthropic tool_use's) reused after its
+    earlier call was answered gets a fresh ``<id>-<n>``, and so does the result that answers it.
 
-    Recorders reuse ids (tau-bench, SWE-agent replays); the pairing stays unambiguous because each use is answered
-    before the next. A reuse while the earlier call is still open is left alone for `parse_history` to reject.
+    Recorders reuse ids (tau-bench, SWE-agent replays, Claude Code); the pairing stays unambiguous because each use
+    is answered before the next. A reuse while the earlier call is still open is left alone for `parse_history` to
+    reject.
     """
-    taken = {call.get("id") for m in messages for call in m.get("tool_calls") or [] if isinstance(call, dict)}
+    taken = {call["id"] for m in messages for call in calls_in(m) if isinstance(call.get("id"), str)}
     used: set[str] = set()
-    unanswered: dict[str, str] = {}  # recorded id -> id it now has, until its tool message is seen
+    unanswered: dict[str, str] = {}  # recorded id -> id it now has, until its result is seen
     out: Messages = []
     for message in messages:
         message = dict(message)
-        calls = message.get("tool_calls")
-        if message.get("role") == "assistant" and isinstance(calls, list):
-            message["tool_calls"] = [dict(call) if isinstance(call, dict) else call for call in calls]
-            for call in message["tool_calls"]:
-                old = call.get("id") if isinstance(call, dict) else None
+        role, calls, content = message.get("role"), message.get("tool_calls"), message.get("content")
+        if role == "assistant":
+            if isinstance(calls, list):
+                message["tool_calls"] = [dict(call) if isinstance(call, dict) else call for call in calls]
+            if isinstance(content, list):
+                message["content"] = [dict(part) if is_tool_use(part) else part for part in content]
+            for call in calls_in(message):
+                old = call.get("id")
                 if not isinstance(old, str) or old in unanswered:
                     continue
                 if old in used:
@@ -66,10 +81,31 @@ def unique_call_ids(messages: Sequence[dict[str, Any]]) -> Messages:
                     taken.add(call["id"])
                 used.add(old)
                 unanswered[old] = call["id"]
-        elif message.get("role") == "tool" and message.get("tool_call_id") in unanswered:
+        elif role == "tool" and isinstance(message.get("tool_call_id"), str) and message["tool_call_id"] in unanswered:
             message["tool_call_id"] = unanswered.pop(message["tool_call_id"])
+        elif role == "user" and isinstance(content, list):
+            message["content"] = [{**part, "tool_use_id": unanswered.pop(part["tool_use_id"])}
+                                  if answers(part, unanswered) else part for part in content]
         out.append(message)
     return out
+
+
+def is_tool_use(part: Any) -> bool:
+    """An Anthropic ``tool_use`` content block."""
+    return isinstance(part, dict) and part.get("type") == "tool_use"
+
+
+def answers(part: Any, calls: dict[str, str]) -> bool:
+    """Whether ``part`` is an Anthropic ``tool_result`` block answering one of ``calls`` (keyed by tool_use id)."""
+    return isinstance(part, dict) and part.get("type") == "tool_result" and isinstance(part.get("tool_use_id"), str) \
+        and part["tool_use_id"] in calls
+
+
+def calls_in(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message's tool calls: its OpenAI ``tool_calls`` and its Anthropic ``tool_use`` content blocks."""
+    calls, content = message.get("tool_calls"), message.get("content")
+    return ([call for call in calls if isinstance(call, dict)] if isinstance(calls, list) else []) + (
+        [part for part in content if is_tool_use(part)] if isinstance(content, list) else [])
 
 
 def bash_call(call_id: str, command: str) -> dict[str, Any]:

@@ -1,21 +1,25 @@
 """Claude Code transcripts (``~/.claude/projects/<project>/<session>.jsonl``) as Anthropic Messages runs.
 
-Claude Code writes one record per content block: the ``assistant`` records of one API response (``message.id``)
-are merged into one assistant message, and the ``tool_result`` parts of the ``user`` records after it into the one
-user message that answers it (a record's other parts follow as a user message of their own). Each response is one
-call, billed with the ``usage`` of its last record (input, output, cache read, cache creation), made at its first
-record's ``timestamp``; the project is the records' ``cwd``. Records in file order;
-API-error and ``<synthetic>`` assistant records are left out (they are not model output). A ``compact_boundary``
-system record and the ``isCompactSummary`` user record after it, or an old ``summary`` record whose leaf is an
-earlier message of the file, mark a compaction. Sub-agents (``isSidechain``: inline, in ``agent-<id>.jsonl`` beside
-the session, or in ``<session>/subagents/``) are runs of their own, with the session as ``parent``, linked to the
-``Task`` / ``Agent`` call that started them by ``toolUseResult.agentId`` or, in older logs, by prompt.
+Claude Code writes one record per content block: the ``assistant`` records of one API response (``message.id``) are
+merged into one assistant message, and the ``tool_result`` parts of the ``user`` records after it into the one user
+message that answers it (a record's other parts follow as a user message of their own). A block written again for the
+same response (a tool_use of the same id, an equal block) is read once; a tool_use id reused after its result was
+recorded gets a fresh ``<id>-<n>`` (`unique_call_ids`). Each response is one call, billed with the ``usage`` of its last
+record (input, output, cache read, cache creation), made at its first record's ``timestamp``; the project is the
+records' ``cwd``. Records in file order; API-error and ``<synthetic>`` assistant records are left out (they are not
+model output). A ``compact_boundary`` system record and the ``isCompactSummary`` user record after it, or an old
+``summary`` record whose leaf is an earlier message of the file, mark a compaction. Sub-agents (``isSidechain``: inline,
+in ``agent-<id>.jsonl`` beside the session, or in ``<session>/subagents/``) are runs of their own, with the session as
+``parent``, linked to the ``Task`` / ``Agent`` call that started them by ``toolUseResult.agentId`` or, in older logs, by
+prompt.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from gemkernels.evaluate.loaders.chat import unique_call_ids
 from gemkernels.evaluate.loaders.model import Link, opening_task
 from gemkernels.evaluate.loaders.settle import Draft, Format
 from gemkernels.evaluate.loaders.usage import anthropic_usage
@@ -53,19 +57,28 @@ def read_claude_code(data: list[Any], stem: str) -> list[Draft]:
 def sidechains(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Sub-agent records by sub-agent: ``agent-<agentId>``, or (no ``agentId``) ``sidechain-<root uuid>`` of the
     ``parentUuid`` chain the record belongs to."""
-    parent = {r.get("uuid"): r.get("parentUuid") for r in records}
+    roots = chain_roots({r.get("uuid"): r.get("parentUuid") for r in records})
     groups: dict[str, list[dict[str, Any]]] = {}
     for record in records:
-        if isinstance(record.get("agentId"), str):
-            key = f"agent-{record['agentId']}"
-        else:
-            root, seen = record.get("uuid"), set()
-            while parent.get(root) in parent and root not in seen:
-                seen.add(root)
-                root = parent[root]
-            key = f"sidechain-{root}"
+        agent = record.get("agentId")
+        key = f"agent-{agent}" if isinstance(agent, str) else f"sidechain-{roots[record.get('uuid')]}"
         groups.setdefault(key, []).append(record)
     return groups
+
+
+def chain_roots(parent: dict[Any, Any]) -> dict[Any, Any]:
+    """Each uuid's root: the first of its ``parent`` chain whose parent is none of the uuids (in a cycle, the uuid
+    the walk came back to). Each uuid is walked once: a walk stops at a uuid whose root is known."""
+    roots: dict[Any, Any] = {}
+    for uuid in parent:
+        path: dict[Any, None] = {}  # the uuids walked to reach ``node``
+        node = uuid
+        while node not in roots and node not in path and parent[node] in parent:
+            path[node] = None
+            node = parent[node]
+        root = roots.setdefault(node, node)
+        roots.update(dict.fromkeys(path, root))
+    return roots
 
 
 def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
@@ -76,6 +89,7 @@ def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
     turn_id = None
     answer: dict[str, Any] | None = None  # the user message holding the results that answer ``turn``
     billed: dict[str, int] = {}  # message.id -> id() of the message that carries its usage
+    merged: dict[str, set[str]] = {}  # message.id -> `block_key` of each block read so far
     leaves: set[str] = set()
     pending: str | None = None  # a compaction marker waiting for the next message
     for record in records:
@@ -94,13 +108,17 @@ def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
         if kind == "assistant":
             if record.get("isApiErrorMessage") or message.get("model") == "<synthetic>":
                 continue
-            if turn is not None and message.get("id") is not None and message.get("id") == turn_id:
+            response = None if message.get("id") is None else str(message["id"])
+            again = response in merged  # a later record of a response read before
+            if response is not None:
+                blocks = unseen(blocks, merged.setdefault(response, set()))
+            if turn is not None and response is not None and response == turn_id:
                 turn["content"].extend(blocks)
-            else:
-                turn, turn_id, answer = {"role": "assistant", "content": blocks}, message.get("id"), None
+            elif blocks or not again:
+                turn, turn_id, answer = {"role": "assistant", "content": blocks}, response, None
                 added = turn
                 messages.append(turn)
-            key = billed.setdefault(str(turn_id), id(turn))
+            key = billed.setdefault(str(response), id(turn))
             if isinstance(message.get("usage"), dict):
                 draft.usage[key] = anthropic_usage(message["usage"])
             if isinstance(message.get("model"), str):
@@ -127,7 +145,38 @@ def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
     draft.trailing_compaction = pending
     draft.goal = opening_task(messages)
     draft.project = next((r["cwd"] for r in records if isinstance(r.get("cwd"), str)), None)
+    renamed(draft)
     return draft
+
+
+def unseen(blocks: list[dict[str, Any]], seen: set[str]) -> list[dict[str, Any]]:
+    """The blocks whose `block_key` is not in ``seen`` (nor earlier in ``blocks``), their keys added to it."""
+    fresh = []
+    for block in blocks:
+        key = block_key(block)
+        if key not in seen:
+            seen.add(key)
+            fresh.append(block)
+    return fresh
+
+
+def block_key(block: dict[str, Any]) -> str:
+    """What makes a content block a repeat of another: a tool_use's id, any other block's whole JSON."""
+    if block.get("type") == "tool_use" and isinstance(block.get("id"), str):
+        return f"tool_use {block['id']}"
+    return json.dumps(block, sort_keys=True)
+
+
+def renamed(draft: Draft) -> None:
+    """Gives ``draft`` copies of its messages with reused tool_use ids renamed (`unique_call_ids`), its usage,
+    models, times and compactions moved to the copies."""
+    messages = unique_call_ids(draft.messages)
+    moved = {id(old): id(new) for old, new in zip(draft.messages, messages)}
+    for table in (draft.usage, draft.models, draft.times, draft.compactions):
+        entries = {moved[key]: value for key, value in table.items()}
+        table.clear()
+        table.update(entries)
+    draft.messages = messages
 
 
 def spawned(records: list[dict[str, Any]], session: str) -> tuple[Link, ...]:

@@ -19,8 +19,9 @@ from gemkernels.compress.blocks import content_text, detect_format, is_tool_resu
 from gemkernels.compress.responses_items import CALL_OUTPUTS, call_action, is_responses_input
 
 Messages = list[dict[str, Any]]
-#: Responses items a model call outputs; a call is a maximal run of them.
-RESPONSE_OUTPUT_TYPES = frozenset(CALL_OUTPUTS) | {"reasoning", "web_search_call", "image_generation_call"}
+#: Responses items a model call outputs; a call is a maximal run of them (`is_output_item`).
+RESPONSE_OUTPUT_TYPES = frozenset(CALL_OUTPUTS) | {"reasoning", "web_search_call", "image_generation_call",
+                                                   "tool_search_call"}
 
 
 @dataclass(frozen=True)
@@ -155,9 +156,18 @@ def api_format(messages: Sequence[dict[str, Any]]) -> str:
 
 
 def is_output_item(item: dict[str, Any]) -> bool:
-    """Whether a Responses item is model output: reasoning, a tool call, or an assistant message."""
+    """Whether a Responses item is model output: reasoning, a tool call, an assistant message, or the result of a
+    tool search the API ran (``execution: server``; a client's search result is input)."""
     kind = item.get("type")
-    return kind in RESPONSE_OUTPUT_TYPES or (kind == "message" and item.get("role") == "assistant")
+    return kind in RESPONSE_OUTPUT_TYPES or (kind == "message" and item.get("role") == "assistant") or (
+        kind == "tool_search_output" and item.get("execution") == "server")
+
+
+def is_client_call(item: dict[str, Any]) -> bool:
+    """Whether a Responses item is a call the client answers: a `CALL_OUTPUTS` call, or a ``tool_search_call`` the
+    API does not run itself (not ``execution: server``)."""
+    kind = item.get("type")
+    return kind in CALL_OUTPUTS or (kind == "tool_search_call" and item.get("execution") != "server")
 
 
 def call_turn(items: Sequence[dict[str, Any]], start: int, responses: bool) -> list[dict[str, Any]]:
@@ -173,8 +183,8 @@ def call_turn(items: Sequence[dict[str, Any]], start: int, responses: bool) -> l
 
 def ends_response(item: dict[str, Any], after: dict[str, Any]) -> bool:
     """Whether a Responses output item ``after`` that follows ``item`` belongs to a later model response: a
-    response's tool calls come last, so anything but a further call after a call starts a new one."""
-    return item.get("type") in CALL_OUTPUTS and after.get("type") not in CALL_OUTPUTS
+    response's client calls (`is_client_call`) come last, so anything but a further one after one starts a new one."""
+    return is_client_call(item) and not is_client_call(after)
 
 
 def checkpoints(messages: Sequence[dict[str, Any]]) -> list[int]:
@@ -187,8 +197,8 @@ def checkpoints(messages: Sequence[dict[str, Any]]) -> list[int]:
 
 
 def turn_actions(turn: Sequence[dict[str, Any]], rename: dict[str, str] | None = None) -> tuple[NextAction, ...]:
-    """The tool calls of one model output (OpenAI ``tool_calls``, Anthropic ``tool_use``, Responses call items), in
-    order, names mapped through ``rename``."""
+    """The tool calls of one model output (OpenAI ``tool_calls``, Anthropic ``tool_use``, Responses call items; a
+    client's tool search is ``tool_search`` with its arguments), in order, names mapped through ``rename``."""
     rename = rename or {}
     found = []
     for item in turn:
@@ -204,6 +214,8 @@ def turn_actions(turn: Sequence[dict[str, Any]], rename: dict[str, str] | None =
                                                                                ensure_ascii=False)))
         if item.get("type") in CALL_OUTPUTS:
             found.append((item.get("call_id"), *call_action(item)))
+        elif is_client_call(item):
+            found.append((item.get("call_id"), "tool_search", json.dumps(item.get("arguments"), ensure_ascii=False)))
     return tuple(NextAction(str(call_id), rename.get(str(name), str(name)), arguments)
                  for call_id, name, arguments in found)
 

@@ -1,10 +1,12 @@
 """OpenHands V0 trajectories (a list of events) and evaluation records (``output.jsonl``: ``{"history": events,
 "instruction", "metrics", ...}`` per line) as OpenAI chat runs.
 
-With function calling, an action's ``tool_call_metadata.model_response`` is the model's whole response: its first
-action gives the assistant message (every tool call of the response), and an observation answers the call named by
-its ``tool_call_metadata.tool_call_id`` (else the action its ``cause`` names). Usage per call: the growth of
-``llm_metrics.accumulated_token_usage`` where the log has it (the log's own sums), else the response's ``usage``.
+With function calling, an action's ``tool_call_metadata.model_response`` is the model's whole response: the first of
+its actions gives the assistant message (every tool call of the response), the next ones join it while only their
+observations come between (one response: the same non-empty id, or without an id equal responses; any other action
+gives its own), and an observation answers the call named by its ``tool_call_metadata.tool_call_id`` (else the action
+its ``cause`` names). Usage per call: the growth of ``llm_metrics.accumulated_token_usage`` where the log has it (the
+log's own sums), else the response's ``usage``.
 Older trajectories without ids are action / observation pairs, each action one call named after it (``run`` ->
 ``execute_bash``, ``run_ipython`` -> ``execute_ipython_cell``). A ``condensation`` action marks a compaction.
 """
@@ -64,13 +66,13 @@ def read_events(events: list[dict[str, Any]], stem: str) -> list[Draft]:
         return [legacy(events, stem)]
     draft = Draft(stem, "openhands", [], None)
     messages = draft.messages
-    responses: dict[Any, dict[str, Any]] = {}  # model response id -> its assistant message
+    group: dict[str, Any] | None = None  # the model response whose assistant message its next actions join
     calls: dict[Any, str] = {}  # action event id -> its tool call id
     accumulated = None  # the last llm_metrics.accumulated_token_usage seen
     pending = None
     for event in events:
         metadata = event.get("tool_call_metadata") if isinstance(event.get("tool_call_metadata"), dict) else {}
-        added, billed = None, None
+        added, billed, opened = None, None, None
         if "action" in event:
             kind = event["action"]
             response = metadata.get("model_response") if isinstance(metadata.get("model_response"), dict) else None
@@ -80,8 +82,9 @@ def read_events(events: list[dict[str, Any]], stem: str) -> list[Draft]:
                 added = {"role": "user", "content": summary} if isinstance(summary, str) and summary else None
             elif response is not None:
                 calls[event.get("id")] = metadata.get("tool_call_id")
-                if response.get("id") not in responses:
-                    added = billed = responses[response.get("id")] = assistant_message(response)
+                if group is None or not same_response(response, group):
+                    added = billed = assistant_message(response)
+                    opened = response
                     usage = response.get("usage")
                     draft.usage[id(added)] = openai_usage(usage) if isinstance(usage, dict) else Usage()
                     if isinstance(response.get("model"), str):
@@ -103,11 +106,18 @@ def read_events(events: list[dict[str, Any]], stem: str) -> list[Draft]:
                 accumulated = now
         if added is not None:
             messages.append(added)
+            group = group if added["role"] == "tool" else opened
             if pending:
                 draft.compactions[id(added)], pending = pending, None
     draft.trailing_compaction = pending
     draft.goal = opening_task(messages)
     return [draft]
+
+
+def same_response(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two actions' model responses are one: the same non-empty id, or without one, equal."""
+    key = one.get("id")
+    return key == other.get("id") and ((isinstance(key, str) and key != "") or one == other)
 
 
 def assistant_message(response: dict[str, Any]) -> dict[str, Any]:
