@@ -71,7 +71,7 @@ def read_request(source: str, run_name: str | None
             return data, field, data[field], None
     if source == "-":
         raise ValueError("stdin must hold a request object with 'model' and 'messages' (or a Responses 'input')")
-    messages = data["messages"] if isinstance(data, dict) and "trajectory_format" not in data else data
+    messages = data.get("messages") if isinstance(data, dict) and "trajectory_format" not in data else data
     if is_chat_history(messages):
         if run_name is not None:
             raise ValueError(f"--run picks one run of a file of several; {source} holds one history")

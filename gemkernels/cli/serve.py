@@ -139,8 +139,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise ValueError(f"{err} (from {source})" if source else str(err)) from None
     check_encoder_name(args.encoder)
     for flag, url in (("--upstream", args.upstream), ("--anthropic-upstream", args.anthropic_upstream)):
-        parts = urlsplit(url or "http://host")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(url or "http://host")
+            port = parts.port  # reading it checks it
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and (port is None or port > 0)
+        except ValueError:  # a port that is no number or out of range, a broken IPv6 address
+            valid = False
+        if not valid:
             raise ValueError(f"{flag} takes an http:// or https:// URL, e.g. https://api.openai.com/v1; got {url!r}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must lie in [0, 65535] (0: any free port), got {args.port}")

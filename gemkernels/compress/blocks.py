@@ -317,19 +317,17 @@ THINKING_PARTS = frozenset({"thinking", "redacted_thinking"})
 
 
 def carries_thinking(message: dict[str, Any]) -> bool:
-    """Whether ``message`` holds an Anthropic ``thinking`` or ``redacted_thinking`` part."""
+    """Whether ``message`` holds Anthropic thinking: a ``thinking`` or ``redacted_thinking`` part, or (LiteLLM's chat
+    form) a non-empty ``thinking_blocks`` list."""
     content = message.get("content")
-    return isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in THINKING_PARTS for p in content)
+    return bool(message.get("thinking_blocks")) or isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") in THINKING_PARTS for p in content)
 
 
-def thinking_marks(messages: Sequence[dict[str, Any]]) -> tuple[int, int]:
-    """An Anthropic history's (start of the current tool loop: the message after the last user message that is no
-    tool result, end of the thinking: one past the last message carrying thinking, 0 if none)."""
-    loop = next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"
+def loop_start(messages: Sequence[dict[str, Any]]) -> int:
+    """Where the current tool loop starts: after the last user message that is no tool result (0 if none)."""
+    return next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"
                  and not is_tool_result_message(messages[i])), 0)
-    end = next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"
-                and carries_thinking(messages[i])), 0)
-    return loop, end
 
 
 def loads_tools(assistant: list[dict[str, Any]], answer: list[dict[str, Any]]) -> bool:

@@ -69,11 +69,11 @@ class GEMConfig:
     newest block (so the request fits the model's window whenever dropping blocks can make it fit).
 
     Anthropic thinking: a block of the current tool loop whose assistant message thinks is always sent (the API
-    requires the last turn's thinking); ``thinking_bound`` (models with preserved thinking bind each thinking block
-    to every message before it) keeps each block before the last thinking message as the last request sent it,
-    so in a thinking session only blocks removed before the model thought go; set it False for a model that
-    drops earlier turns' thinking instead (no binding), or a request asking ``prefix_mismatch_behavior:
-    drop_block``."""
+    refuses a tool loop whose last turn lost its thinking). ``thinking_bound`` (models with preserved thinking bind
+    each thinking block to every message before it and may think in any response) forwards an Anthropic Messages
+    history, or a chat history carrying LiteLLM's ``thinking_blocks``, whole; set it False for a model that drops
+    earlier turns' thinking instead (`GEM.compress`'s ``unbound_thinking`` does so for one request that asks
+    ``prefix_mismatch_behavior: "drop_block"``)."""
 
     tau: float = 0.90
     k: int = 16

@@ -15,20 +15,22 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from itertools import repeat
 from typing import Any
 
 import numpy as np
 
 from gemkernels.compress.blocks import (
     ANTHROPIC,
+    OPENAI,
     RESPONSES,
     BlockStructureError,
     History,
     Span,
     carries_thinking,
+    loop_start,
     parse_history,
     reconstruct,
-    thinking_marks,
 )
 from gemkernels.compress.config import GEMConfig, resolve_config
 from gemkernels.compress.encoders import Encoder, EncodingDeferred, make_encoder
@@ -203,7 +205,7 @@ class GEM:
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None,
                  message_sizes: Sequence[int] | None = None, tenant: str | None = None,
                  save: bool = True, message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None,
-                 ) -> Compressed:
+                 unbound_thinking: bool = False) -> Compressed:
         """Compress one request; never raises for bad input, never mutates ``messages``.
 
         ``tenant``: whose session this is (a proxy passes a hash of the caller's credential): sessions of two
@@ -217,15 +219,19 @@ class GEM:
 
         ``message_bytes``: the body the messages were read from and each message's ``[start, end)`` in it (a
         proxy's byte scan); the next request of the session then resumes this one's parse on a digest of those
-        bytes (`gemkernels.compress.resume`) instead of marshalling the messages."""
+        bytes (`gemkernels.compress.resume`) instead of marshalling the messages.
+
+        ``unbound_thinking``: this request lets the API drop thinking blocks whose preceding messages changed
+        (Anthropic's ``prefix_mismatch_behavior: "drop_block"``), so ``thinking_bound`` does not hold it whole."""
         started = time.perf_counter()
+        bound = self.config.thinking_bound and not unbound_thinking
         try:
             try:
                 return self._compress(messages, session_id, goal, started, message_sizes, tenant, save,
-                                      message_bytes)
+                                      message_bytes, bound)
             except SessionConflict:  # another request of the session saved first: once more, from its state
                 return self._compress(messages, session_id, goal, started, message_sizes, tenant, save,
-                                      message_bytes)
+                                      message_bytes, bound)
         except BlockStructureError as err:
             return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
         except (SessionConflict, StoreUnavailable) as err:  # a shared store's, expected: no traceback each
@@ -243,7 +249,7 @@ class GEM:
 
     def _compress(self, messages: Any, session_id: str | None, goal: str | None, started: float,
                   message_sizes: Sequence[int] | None, tenant: str | None, save: bool,
-                  message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None) -> Compressed:
+                  message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None, bound: bool) -> Compressed:
         cfg = self.config
         history = keys = call_ids = written = None
         if session_id is not None and isinstance(messages, (list, tuple)):  # the last request's parse may go on
@@ -264,6 +270,11 @@ class GEM:
         if n < cfg.min_blocks:
             stats = CompressionStats(UNCHANGED, f"{n} complete blocks, fewer than {cfg.min_blocks}",
                                      session_id or prefix_session_id(history), blocks=n,
+                                     messages_before=len(messages), messages_after=len(messages))
+            stats.seconds["total"] = time.perf_counter() - started
+            return Compressed(messages, stats)
+        if bound and binds_thinking(history):
+            stats = CompressionStats(UNCHANGED, THINKING_BOUND, session_id or prefix_session_id(history), blocks=n,
                                      messages_before=len(messages), messages_after=len(messages))
             stats.seconds["total"] = time.perf_counter() - started
             return Compressed(messages, stats)
@@ -293,6 +304,9 @@ class GEM:
         if cfg.keep_tools:
             keep = set(cfg.keep_tools)
             protected["kept_tool"] = [b for b, info in enumerate(infos) if keep.intersection(info.tools)]
+        pinned = loop_thinking_blocks(history)
+        if pinned:
+            protected["thinking"] = pinned
         seeds = sorted({b for picks in protected.values() for b in picks})
 
         goal_key = goal_digest(goal_text)
@@ -335,8 +349,8 @@ class GEM:
             reason = f"{n - seen} new blocks appended to the saved forwarded set"
         select_seconds = time.perf_counter() - select_started
         other = self._other_tokens(history)
-        forwarded, reason = self._ceiling(history, forwarded, sizes, other, core, seeds, reason)
-        forwarded, reason = self._thinking_kept(history, forwarded, state, keys, reason)
+        forwarded, reason = self._ceiling(history, forwarded, sizes, other, core, seeds, reason, pinned)
+        forwarded |= set(pinned)  # a rewrite's guard may leave a seed out; the API needs these
 
         out = reconstruct(history, forwarded)
         if save:  # the cache holds exactly this request's blocks when it extended the last one's
@@ -389,8 +403,9 @@ class GEM:
             tokens = [block_tokens(state.block_cache[key]) if key in state.block_cache else
                       -(-sum(serialised_chars(messages[p]) for p in span.positions) // 4)
                       for key, span in zip(keys, history.spans)]
-            forwarded, reason = self._ceiling(history, forwarded, tokens, self._other_tokens(history), (), (), reason)
-        forwarded, reason = self._thinking_kept(history, forwarded, state, keys, reason)
+            pinned = loop_thinking_blocks(history)
+            forwarded, reason = self._ceiling(history, forwarded, tokens, self._other_tokens(history), (), (), reason,
+                                              pinned)
         removed = sorted(set(range(n)) - forwarded)
         out = reconstruct(history, forwarded)
         stats = CompressionStats(
@@ -409,38 +424,21 @@ class GEM:
         return sum(self.count_other_tokens(serialise(messages[p])) for p in history.other_positions)
 
     def _ceiling(self, history: History, forwarded: set[int], sizes: Sequence[int], other: int | None,
-                 core: Sequence[int], seeds: Sequence[int], reason: str) -> tuple[set[int], str]:
+                 core: Sequence[int], seeds: Sequence[int], reason: str, pinned: Sequence[int] = ()
+                 ) -> tuple[set[int], str]:
         """``forwarded`` within ``max_forward_tokens`` (`ceiling_drops`; ``sizes``: each block's tokens, ``other``:
-        those outside blocks, else their characters / 4), and ``reason`` saying what that dropped."""
+        those outside blocks, else their characters / 4; ``pinned`` never dropped), and ``reason`` saying what that
+        dropped."""
         ceiling = self.config.max_forward_tokens
         if ceiling is None:
             return forwarded, reason
         fixed = other if other is not None else -(-request_chars(history.messages, history, 0) // 4)
-        dropped = ceiling_drops(forwarded, sizes, fixed, core, seeds, ceiling)
+        fixed += sum(sizes[b] for b in pinned if b in forwarded)
+        dropped = ceiling_drops(forwarded - set(pinned), sizes, fixed, core, seeds, ceiling)
         if not dropped:
             return forwarded, reason
         note = f"; {len(dropped)} more blocks dropped to fit max_forward_tokens {ceiling}"
         return forwarded - set(dropped), reason + note
-
-    def _thinking_kept(self, history: History, forwarded: set[int], state: SessionState | None,
-                       keys: Sequence[Hashable], reason: str) -> tuple[set[int], str]:
-        """``forwarded`` with what the Anthropic API checks of thinking put back (DESIGN.md §2.1): every block of the
-        current tool loop whose assistant message thinks, and (``thinking_bound``) every block before the last
-        thinking message as the model saw it: removed only if the last request's forwarded set left it out."""
-        if history.format != ANTHROPIC:
-            return forwarded, reason
-        messages, spans = history.messages, history.spans
-        loop, end = thinking_marks(messages)
-        if end == 0:
-            return forwarded, reason
-        seen = len(state.block_keys) if state is not None and tuple(keys[:len(state.block_keys)]) == \
-            state.block_keys else 0
-        kept = {b for b, span in enumerate(spans) if b not in forwarded and (
-            (span.start >= loop and carries_thinking(messages[span.start]))
-            or (self.config.thinking_bound and span.start < end and (b >= seen or keys[b] in state.forwarded)))}
-        if not kept:
-            return forwarded, reason
-        return forwarded | kept, reason + f"; {len(kept)} blocks kept whose thinking the API checks"
 
     def _read_lexicons(self, columns: BlockColumns, history: History, keys: Sequence[Hashable],
                        cache: dict[Hashable, BlockInfo]) -> BlockColumns:
@@ -527,6 +525,35 @@ def check_router(router: Router, encoder: str) -> None:
 def warn_encoder_mismatch(trained: str, encoder: str) -> None:
     logger.warning("gemkernels: the router was trained with encoder %s, GEM runs %s; `gem train-router RUNS... "
                    "--encoder` makes one for yours", trained, encoder)
+
+
+#: Why a history whose thinking may be bound to its prefix goes out whole (`binds_thinking`).
+THINKING_BOUND = ("thinking_bound: a model with preserved thinking binds each thinking block to every message before "
+                  "it, so no block is removed (set thinking_bound=false for a model without that binding)")
+
+
+def binds_thinking(history: History) -> bool:
+    """Whether removing a block could change what a thinking block was written after: any Anthropic Messages history
+    (a model with preserved thinking may think in any response), or a chat history carrying ``thinking_blocks``
+    (LiteLLM's form of Anthropic thinking)."""
+    return history.format == ANTHROPIC or (history.format == OPENAI and any(
+        map(dict.get, history.messages, repeat("thinking_blocks"))))
+
+
+def loop_thinking_blocks(history: History) -> list[int]:
+    """The blocks of the current tool loop whose assistant message thinks (`carries_thinking`): the API refuses a
+    tool loop whose last assistant turn lost its thinking, so they are always sent."""
+    messages, spans = history.messages, history.spans
+    if not spans or history.format not in (ANTHROPIC, OPENAI) or (
+            history.format == OPENAI and not any(map(dict.get, messages, repeat("thinking_blocks")))):
+        return []
+    loop, found = loop_start(messages), []
+    for b in range(len(spans) - 1, -1, -1):
+        if spans[b].start < loop:
+            break
+        if carries_thinking(messages[spans[b].start]):
+            found.append(b)
+    return found[::-1]
 
 
 def block_nbytes(key: Hashable, embedding: np.ndarray, features: BlockFeatures, lexicon: Lexicon | None) -> int:

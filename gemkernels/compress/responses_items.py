@@ -5,8 +5,8 @@ A removable block is a run of consecutive tool-call items (``function_call``, ``
 (matched by ``call_id``, after its call). A reasoning item goes only with the calls it precedes, so a kept call keeps
 its reasoning and encrypted reasoning is never sent without its call; an ``item_reference`` to a reasoning item (an
 ``rs_`` id) counts as one. Messages of every role, ``compaction`` items, reasoning before a message, items of any other
-type, and a run of calls that another kind of item (a hosted tool's call) follows in the same response, which would
-lose its reasoning, are never removed.
+type, and a run of calls that more output of the same response follows (a hosted tool's call, an assistant message),
+which would lose its reasoning, are never removed.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def responses_spans(items: Sequence[dict[str, Any]]) -> list[Span]:
         elif kind == "reasoning":
             reasoning = reasoning + [i]
         else:
-            if after_call and kind not in (None, "message"):
-                pinned.add(len(blocks) - 1)  # a hosted call of the same response needs the block's reasoning
+            if after_call and item.get("role") not in ("user", "system", "developer"):
+                pinned.add(len(blocks) - 1)  # more output of the same response needs the block's reasoning
             reasoning = []  # reasoning before a message (or anything else) stays with it
     missing = next((call_id for call_id in owner if call_id not in answered), None)
     if missing is not None:
@@ -101,6 +101,7 @@ def ends_open(items: Sequence[Any]) -> bool:
     last call with only outputs after it, which a later call will take into its block."""
     for item in reversed(items):
         kind = item.get("type") if isinstance(item, dict) else None
+        kind = kind if type(kind) is str else None
         if kind == "reasoning" or kind == "item_reference" and is_reasoning_reference(item):
             return True
         if kind not in OUTPUT_TYPES:

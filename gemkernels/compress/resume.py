@@ -145,8 +145,8 @@ def used_call_ids(format: str, messages: Sequence[Any], spans: Sequence[Span]) -
     answered by a message that carries other parts too, a Responses call a hosted tool's call follows)."""
     ids = set(chain.from_iterable([span.call_ids for span in spans]))
     if format == RESPONSES:
-        ids.update(item.get("call_id") for item in messages if item.get("type") in CALL_OUTPUTS
-                   and isinstance(item.get("call_id"), str))
+        ids.update(item["call_id"] for item in messages if type(item.get("type")) is str
+                   and item["type"] in CALL_OUTPUTS and isinstance(item.get("call_id"), str))
     elif format == ANTHROPIC:
         ids.update(p.get("id") for m in messages if m.get("role") == "assistant" for p in parts(m)
                    if p.get("type") == "tool_use" and isinstance(p.get("id"), str))

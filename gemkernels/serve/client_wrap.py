@@ -19,6 +19,7 @@ from typing import Any
 
 from gemkernels.compress.gem import GEM
 from gemkernels.compress.sessions import request_session
+from gemkernels.serve.formats import MESSAGES
 
 #: The attribute paths whose ``create`` takes ``messages``.
 CREATE_PATHS = (("chat", "completions"), ("messages",))
@@ -53,7 +54,8 @@ class _View:
         if not isinstance(messages, list):
             return kwargs
         session = self._session_id or request_session(kwargs)
-        return {**kwargs, "messages": self._gem.compress(messages, session_id=session).messages}
+        unbound = {"unbound_thinking": True} if MESSAGES.drops_bound_thinking(kwargs) else {}  # asks for drop_block
+        return {**kwargs, "messages": self._gem.compress(messages, session_id=session, **unbound).messages}
 
     def _compressing(self, create: Any) -> Any:
         if inspect.iscoroutinefunction(create) or inspect.iscoroutinefunction(getattr(create, "__wrapped__", None)):

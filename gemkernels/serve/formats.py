@@ -38,6 +38,14 @@ class ApiFormat:
             return "responses_items"  # GEM would pair it by Responses call_ids, not by this API's tool-call ids
         return None
 
+    def drops_bound_thinking(self, body: Mapping[str, Any]) -> bool:
+        """Whether the request lets Anthropic's API drop thinking blocks whose preceding messages changed
+        (``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``) instead of refusing it."""
+        thinking = body.get("thinking")
+        binding = thinking.get("block_binding") if isinstance(thinking, dict) else None
+        return self.upstream == ANTHROPIC_UPSTREAM and isinstance(binding, dict) and \
+            binding.get("prefix_mismatch_behavior") == "drop_block"
+
 
 CHAT_COMPLETIONS = ApiFormat("/v1/chat/completions", "messages", OPENAI_UPSTREAM)
 MESSAGES = ApiFormat("/v1/messages", "messages", ANTHROPIC_UPSTREAM)

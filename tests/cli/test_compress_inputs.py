@@ -26,6 +26,10 @@ def test_another_agents_records_are_not_taken_for_chat_messages(tmp_path, capsys
                                   {"role": "model", "parts": [{"text": "ok"}]}]))
     code, out = compress(capsys, gemini)
     assert code == 0 and "unchanged" in out.err  # the Gemini reader's run: too short to compress
+    other = tmp_path / "object.json"  # an object that is neither a request nor a run (KeyError once)
+    other.write_text(json.dumps({"model": "m", "input": "a string input"}))
+    code, out = compress(capsys, other)
+    assert code == 2 and "object.json" in out.err and "Traceback" not in out.err
     unknown = tmp_path / "records.json"
     unknown.write_text(json.dumps({"messages": [{"ts": 1, "type": "say", "text": "hi"}]}))
     code, out = compress(capsys, unknown)
@@ -106,6 +110,9 @@ def test_a_closed_pipe_on_stdout_is_not_an_error(monkeypatch, capsys):
                                          (["--upstream", "http://u", "--anthropic-upstream", "ftp://x"],
                                           "--anthropic-upstream takes"),
                                          (["--upstream", "http://u", "--port", "-1"], "--port must lie"),
+                                         (["--upstream", "https://api.openai.com:99999/v1"], "--upstream takes"),
+                                         (["--upstream", "http://u:abc/v1"], "--upstream takes"),
+                                         (["--upstream", "http://[::1/v1"], "--upstream takes"),
                                          (["--upstream", "http://u", "--encoder", "bogus"], "unknown encoder"),
                                          (["--upstream", "http://u", "--set", "backend=bogus"], "unknown backend")])
 def test_serve_refuses_bad_settings_before_it_starts(argv, named):

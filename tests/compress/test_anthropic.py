@@ -12,6 +12,12 @@ from gemkernels.compress.config import resolve_config
 from gemkernels.compress.encoders import HashEncoder
 
 
+def unbound(preset):
+    """``preset`` for a model without preserved thinking: Anthropic histories compress (test_anthropic_thinking covers
+    ``thinking_bound``, which forwards them whole)."""
+    return resolve_config(preset, thinking_bound=False)
+
+
 def tool_use(use_id, name="bash", **inputs):
     return {"type": "tool_use", "id": use_id, "name": name, "input": inputs}
 
@@ -179,7 +185,7 @@ def test_invalid_structure_raises_and_compress_passes_through(mutate):
     with pytest.raises(BlockStructureError):
         parse_history(h)
     before = copy.deepcopy(h)
-    result = GEM("core", encoder=HashEncoder(32), token_counter=None).compress(h)
+    result = GEM(unbound("core"), encoder=HashEncoder(32), token_counter=None).compress(h)
     assert result.messages is h and h == before and result.stats.action == "passthrough"
 
 
@@ -220,8 +226,8 @@ def test_compress_anthropic_history(preset):
     h = anthropic_history()
     history = parse_history(h)
     assert history.format == ANTHROPIC and len(history.spans) == 39  # block 20's answer is mixed
-    before = copy.deepcopy(h)  # its thinking is unbound here (test_anthropic_thinking covers bound thinking)
-    gem = GEM(resolve_config(preset, thinking_bound=False), encoder=HashEncoder(128), token_counter=None)
+    before = copy.deepcopy(h)
+    gem = GEM(unbound(preset), encoder=HashEncoder(128), token_counter=None)
     result = gem.compress(h, session_id="anthropic")
     stats = result.stats
     out = result.messages
@@ -248,7 +254,7 @@ def test_compress_anthropic_history(preset):
 
 def test_anthropic_session_appends_new_blocks():
     full = anthropic_history(46, seed=4)
-    gem = GEM("core", encoder=HashEncoder(128), token_counter=None)
+    gem = GEM(unbound("core"), encoder=HashEncoder(128), token_counter=None)
     cut = len(full) - 2 * 6
     first = gem.compress(full[:cut], session_id="a")
     second = gem.compress(full, session_id="a")
@@ -290,7 +296,7 @@ def test_legacy_function_messages_are_not_blocks():
 def test_legacy_function_messages_are_never_removed(preset):
     h = legacy_history()
     before = copy.deepcopy(h)
-    result = GEM(preset, encoder=HashEncoder(128), token_counter=None).compress(h, session_id="legacy")
+    result = GEM(unbound(preset), encoder=HashEncoder(128), token_counter=None).compress(h, session_id="legacy")
     assert h == before and result.stats.action == "reselected" and result.stats.removed_blocks
     positions = positions_in(result.messages, h)
     assert positions == sorted(set(positions))
@@ -318,7 +324,7 @@ def with_breakpoint_on_last(messages: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("preset", ["paper", "cache-aware"])
 def test_a_moving_cache_breakpoint_neither_rewrites_nor_reencodes(preset):
-    gem = GEM(preset, encoder=HashEncoder(64), token_counter=None)
+    gem = GEM(unbound(preset), encoder=HashEncoder(64), token_counter=None)
     whole = long_anthropic_history(24)
     first = gem.compress(with_breakpoint_on_last(whole[:1 + 2 * 22]))
     second = gem.compress(with_breakpoint_on_last(whole[:1 + 2 * 23]))
@@ -344,7 +350,7 @@ def test_a_block_that_also_makes_openai_calls_is_never_dropped(carrier, call):
         h[at] = {**h[at], "function_call": {"name": "bash", "arguments": "{}"}}
         h.insert(15, {"role": "function", "name": "bash", "content": "x"})
     assert 13 not in parse_history(h).block_positions
-    out = GEM("core", encoder=HashEncoder(32), token_counter=None).compress(h).messages
+    out = GEM(unbound("core"), encoder=HashEncoder(32), token_counter=None).compress(h).messages
     assert any(m is h[13] for m in out) and any(m is h[14] for m in out) and any(m is h[15] for m in out)
 
 

@@ -1,12 +1,15 @@
 """Anthropic thinking comes back as the API checks it: the current tool loop's thinking blocks are always sent, and
-(``thinking_bound``) every thinking block sees the same messages before it as when the model wrote it."""
+(``thinking_bound``, models with preserved thinking) a history whose thinking may be bound to its prefix goes out
+whole, whatever the session's state, so no fallback path can send a prefix the model did not write after."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemkernels import GEM
-from gemkernels.compress.blocks import carries_thinking, parse_history, thinking_marks
+from gemkernels.compress.blocks import carries_thinking, loop_start, parse_history
+from gemkernels.compress.gem import THINKING_BOUND
 from gemkernels.compress.config import resolve_config
 from gemkernels.compress.encoders import HashEncoder
 
@@ -40,25 +43,27 @@ def one_loop(blocks, thinking_every, seed=0):
     return h
 
 
-def test_thinking_marks_find_the_loop_and_the_last_thinking():
-    h = one_loop(6, thinking_every=4)  # thinking at calls 0 and 4: messages 1 and 9
-    assert thinking_marks(h) == (1, 10)
+def test_the_loop_starts_after_the_last_plain_user_turn():
+    h = one_loop(6, thinking_every=4)
+    assert loop_start(h) == 1
     h += [{"role": "assistant", "content": [{"type": "text", "text": "Done."}]},
           {"role": "user", "content": "Now the docs."}]
-    assert thinking_marks(h) == (len(h), 10)
-    assert thinking_marks([{"role": "user", "content": "hi"}]) == (1, 0)
+    assert loop_start(h) == len(h)
+    assert loop_start([{"role": "assistant", "content": "hi"}]) == 0
 
 
 def test_current_loop_thinking_blocks_survive_the_ceiling():
     """A ceiling that drops blocks down to the newest one leaves every thinking block of the loop in place (the API
-    answers 400 when the last assistant turn lost its thinking); old code dropped them."""
+    answers 400 when the last assistant turn lost its thinking), and drops the others to fit (old code dropped the
+    thinking ones too)."""
     h = one_loop(30, thinking_every=3)
-    out = gem(max_forward_tokens=50, thinking_bound=False).compress(h).messages
-    kept = {id(m) for m in out}
+    result = gem(max_forward_tokens=50, thinking_bound=False).compress(h)
+    kept = {id(m) for m in result.messages}
     thinking = [m for m in h if m["role"] == "assistant" and carries_thinking(m)]
     assert all(id(m) in kept for m in thinking)
-    assert len(out) < len(h)  # the blocks without thinking went
-    parse_history(out)
+    assert len(result.messages) == 1 + 2 * len(thinking) + 2  # the task, the thinking blocks, the newest block
+    assert result.stats.protected["thinking"] == list(range(0, 30, 3))
+    parse_history(result.messages)
 
 
 def test_blocks_after_a_plain_user_turn_no_longer_pin_their_thinking():
@@ -70,43 +75,55 @@ def test_blocks_after_a_plain_user_turn_no_longer_pin_their_thinking():
     assert any(carries_thinking(m) and all(m is not o for o in out) for m in h)  # an earlier turn's thinking went
 
 
-def test_bound_thinking_keeps_every_block_before_it_on_the_first_compression():
-    h = one_loop(40, thinking_every=20)  # the last thinking at call 20
-    _, end = thinking_marks(h)
-    result = gem().compress(h)
-    out_ids = {id(m) for m in result.messages}
-    assert all(id(m) in out_ids for m in h[:end])
-    assert result.stats.removed_blocks and min(result.stats.removed_blocks) >= 20  # after the thinking: free
-    unbound = gem(thinking_bound=False).compress(h)
-    assert min(unbound.stats.removed_blocks) < 20
+@pytest.mark.parametrize("thinking_every", [1, 7, 1000])
+def test_bound_thinking_forwards_an_anthropic_history_whole(thinking_every):
+    """Even with no thinking yet (a model with preserved thinking may think in the next response, bound to what it
+    was sent), and without any session state."""
+    h = one_loop(40, thinking_every=thinking_every)
+    result = gem().compress(h, session_id="s")
+    assert result.messages is h and result.stats.action == "unchanged" and result.stats.reason == THINKING_BOUND
+    unbound = gem().compress(h, session_id="s", unbound_thinking=True).stats  # drop_block: compressed
+    assert bool(unbound.removed_blocks) == (thinking_every > 1)  # every block of the one loop thinks: all pinned
+    assert gem(thinking_bound=False).compress(h).stats.removed_blocks == unbound.removed_blocks
+
+
+def test_litellm_thinking_blocks_bind_a_chat_history():
+    """LiteLLM carries Anthropic thinking as an assistant message's ``thinking_blocks`` in the OpenAI chat form."""
+    rng = np.random.default_rng(1)
+    h = [{"role": "user", "content": "Fix the failing tests."}]
+    for step in range(30):
+        message = {"role": "assistant", "content": f"Step {step}", "tool_calls": [
+            {"id": f"c{step}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}
+        if step % 3 == 0:
+            message["thinking_blocks"] = [{"type": "thinking", "thinking": f"plan {step}", "signature": "s"}]
+        h += [message, {"role": "tool", "tool_call_id": f"c{step}", "content": result(step, rng)["content"][0]["content"]}]
+    assert gem().compress(h).stats.reason == THINKING_BOUND
+    out = gem(thinking_bound=False, max_forward_tokens=50).compress(h).messages
+    assert all(any(m is o for o in out) for m in h if m.get("thinking_blocks"))
+    plain = [{k: v for k, v in m.items() if k != "thinking_blocks"} for m in h]
+    assert gem().compress(plain).stats.removed_blocks  # no thinking: compressed as before
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**16), think=st.lists(st.booleans(), min_size=40, max_size=40),
-       user_turns=st.sets(st.integers(1, 39), max_size=4), preset=st.sampled_from(["core", "cache-aware"]))
-def test_every_thinking_block_sees_the_prefix_it_was_written_after(seed, think, user_turns, preset):
-    """A session where the model answers each forwarded request: the messages forwarded before each of its thinking
-    messages, in every later request, are those it was written after (preserved thinking's prefix check); the
-    current loop's thinking messages are all sent."""
+       user_turns=st.sets(st.integers(1, 39), max_size=4), preset=st.sampled_from(["core", "cache-aware"]),
+       bound=st.booleans())
+def test_a_thinking_session_never_loses_what_the_api_checks(seed, think, user_turns, preset, bound):
+    """A session where the model answers each forwarded request: bound, every request goes out whole; unbound, the
+    current loop's thinking messages are all sent and the history still parses."""
     rng = np.random.default_rng(seed)
-    compressor = GEM(resolve_config(preset, min_blocks=4, k=3), encoder=HashEncoder(64), token_counter=None)
+    compressor = GEM(resolve_config(preset, min_blocks=4, k=3, thinking_bound=bound), encoder=HashEncoder(64),
+                     token_counter=None)
     h = [{"role": "user", "content": "Fix the failing tests."}]
-    seen_before: dict[int, list[int]] = {}  # a thinking message -> the ids forwarded before it when it was written
     for step in range(40):
         out = compressor.compress(list(h), session_id="s").messages
-        ids = [id(m) for m in out]
-        for message_id, prefix in seen_before.items():
-            if message_id in ids:
-                assert ids[:ids.index(message_id)] == prefix
-            else:
-                assert False, "a thinking message was removed"
-        loop, _ = thinking_marks(h)
-        assert all(id(m) in ids for m in h[loop:] if carries_thinking(m))
+        ids = {id(m) for m in out}
+        if bound:
+            assert len(out) == len(h)
+        assert all(id(m) in ids for m in h[loop_start(h):] if carries_thinking(m))
+        parse_history(out)
         if step in user_turns:
             h += [{"role": "assistant", "content": [{"type": "text", "text": f"Checkpoint {step}."}]},
                   {"role": "user", "content": f"Go on with part {step}."}]
             continue
-        answer = assistant(step, rng, think[step])
-        if think[step]:
-            seen_before[id(answer)] = ids
-        h += [answer, result(step, rng)]
+        h += [assistant(step, rng, think[step]), result(step, rng)]

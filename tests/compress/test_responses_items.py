@@ -163,13 +163,25 @@ def test_a_reference_to_a_reasoning_item_goes_with_the_next_call():
     assert [span.positions for span in responses_spans(items)] == [(1, 2, 3), (5, 6)]
 
 
-def test_a_call_run_that_a_hosted_call_follows_is_kept():
-    """reasoning, function_call, then a computer_call of the same response: removing the function call's block takes
-    the reasoning the computer_call needs (old code removed it); a message after the run does not pin it."""
+def test_a_call_run_that_more_output_of_its_response_follows_is_kept():
+    """reasoning, function_call, then a computer_call or an assistant message of the same response: removing the
+    function call's block takes the reasoning they need (old code removed it); a user message after it does not."""
     hosted = {"type": "computer_call", "id": "cu_1", "call_id": "cc_1", "action": {"type": "screenshot"}}
     items = [message("user", "task"), reasoning(1), call("function_call", "c1"), hosted,
              output("function_call", "c1"), reasoning(5), call("function_call", "c2"),
-             message("assistant", "and a note"), output("function_call", "c2")]
-    assert [span.positions for span in responses_spans(items)] == [(5, 6, 8)]
+             message("assistant", "and a note"), output("function_call", "c2"), reasoning(9),
+             call("function_call", "c3"), output("function_call", "c3"), message("user", "go on")]
+    assert [span.positions for span in responses_spans(items)] == [(9, 10, 11)]
     with pytest.raises(BlockStructureError, match="used twice"):  # the kept block's call id still counts
         responses_spans(items + [call("function_call", "c1"), output("function_call", "c1")])
+
+
+def test_an_item_whose_type_is_a_list_does_not_stop_a_session():
+    """A client's item with an unhashable ``type`` raised TypeError where the session's call ids were gathered: the
+    request went out unchanged with a traceback logged."""
+    items = [message("user", "task")]
+    for b in range(30):
+        items += [reasoning(b), call("function_call", f"c{b}"), output("function_call", f"c{b}")]
+    items.append({"type": ["odd"], "content": "x"})
+    result = gk.GEM("core", encoder="hash", token_counter=None).compress(items, session_id="s")
+    assert result.stats.action == "reselected" and result.stats.removed_blocks

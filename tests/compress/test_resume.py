@@ -9,6 +9,7 @@ import pytest
 
 from gemkernels import GEM
 from gemkernels.compress.blocks import BlockStructureError, parse_history
+from gemkernels.compress.config import resolve_config
 from gemkernels.compress.encoders import HashEncoder
 from gemkernels.compress.identity import local_digest, responses_said, said
 from gemkernels.compress.resume import Marshalled, resume
@@ -20,6 +21,10 @@ from hypothesis import strategies as st  # noqa: E402
 from test_text_action_properties import histories as text_histories  # noqa: E402
 
 IDS = st.sampled_from(["call_0", "call_1", "call_2", "a", "b", "c"])  # few, the base's among them: ids are reused
+
+
+#: ``paper`` for a model without preserved thinking: Anthropic histories compress (and resume) as the others do.
+UNBOUND = resolve_config("paper", thinking_bound=False)
 
 
 def identify(fmt, messages, spans):
@@ -144,7 +149,7 @@ def test_gem_forwards_the_same_whether_it_resumes_or_not(make):
     """Every request of a growing session, compressed by a GEM that resumes (a session id) and one that parses
     whole (its own store, no resumable state): the same forwarded messages and stats."""
     messages = make(90, seed=5)
-    resuming, whole_parse = (GEM("paper", encoder=HashEncoder(64), token_counter=None) for _ in range(2))
+    resuming, whole_parse = (GEM(UNBOUND, encoder=HashEncoder(64), token_counter=None) for _ in range(2))
     for end in range(40, len(messages) + 1, 7):
         request = json.loads(json.dumps(messages[:end]))
         got = resuming.compress(request, session_id="s")
@@ -195,7 +200,7 @@ def body_of(messages, separator=", "):
 
 def test_a_proxy_resumes_on_the_body_bytes_and_refuses_a_rewritten_message():
     messages = synthetic_anthropic_history(40, seed=4)
-    gem = GEM("paper", encoder=HashEncoder(64), token_counter=None)
+    gem = GEM(UNBOUND, encoder=HashEncoder(64), token_counter=None)
     first = messages[:51]
     gem.compress(json.loads(json.dumps(first)), session_id="s", message_bytes=body_of(first))
     assert gem.store.get("s").parsed.nbytes == body_of(first)[1][-1][1] - body_of(first)[1][0][0]
@@ -213,7 +218,7 @@ def test_a_proxy_resumes_on_the_body_bytes_and_refuses_a_rewritten_message():
         assert calls == [1]
     finally:
         gem_module.parse_history = real
-    fresh = GEM("paper", encoder=HashEncoder(64), token_counter=None)
+    fresh = GEM(UNBOUND, encoder=HashEncoder(64), token_counter=None)
     fresh.compress(json.loads(json.dumps(first)), session_id="s")
     want = fresh.compress(json.loads(json.dumps(messages)), session_id="s")
     assert got.messages == want.messages and again.messages == want.messages

@@ -33,6 +33,9 @@ def test_a_folder_scan_skips_installed_packages_and_version_control(tmp_path):
         (tmp_path / folder / "run.jsonl").write_text(run)
     files, errors = expand_paths(tmp_path)
     assert errors == [] and files == [tmp_path / "logs" / "run.jsonl"]
+    (tmp_path / "logs" / "gone.jsonl").symlink_to(tmp_path / "nowhere.jsonl")  # a dead link is no file to read
+    files, errors = expand_paths(tmp_path)
+    assert errors == [] and files == [tmp_path / "logs" / "run.jsonl"]
     explicit, _ = expand_paths(tmp_path / "node_modules" / "pkg" / "run.jsonl")  # named: read
     assert explicit == [tmp_path / "node_modules" / "pkg" / "run.jsonl"]
 

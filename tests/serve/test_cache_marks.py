@@ -17,6 +17,10 @@ from gemkernels.serve.cache_marks import moved_marks
 MARK = {"type": "ephemeral"}
 
 
+#: Anthropic histories compress here as for a model without preserved thinking (test_routes covers the default).
+UNBOUND = ("thinking_bound=False",)
+
+
 def text(t: str, mark: bool = False) -> dict:
     return {"type": "text", "text": t, **({"cache_control": MARK} if mark else {})}
 
@@ -86,7 +90,8 @@ def test_through_the_proxy_only_the_moved_to_message_is_rewritten(surrogate):
     if surrogate:
         history = [with_surrogates(message) for message in history]
     sent: list[bytes] = []
-    app = create_app(ServerConfig(upstream="http://upstream", encoder="hash", preset="core", encode_budget=30.0),
+    app = create_app(ServerConfig(upstream="http://upstream", encoder="hash", preset="core", encode_budget=30.0,
+                                  overrides=UNBOUND),
                      transport=httpx.MockTransport(lambda r: sent.append(r.content) or httpx.Response(200, json={})))
     raw = json.dumps({"model": "claude", "messages": history}).encode()
     with TestClient(app) as client:
@@ -142,7 +147,8 @@ def test_a_message_json_cannot_write_back_keeps_its_bytes_and_gets_no_breakpoint
         message["content"][-1]["size"] = 12345
     raw = json.dumps({"model": "claude", "messages": history}).encode().replace(b"12345", b"1e400")
     sent: list[bytes] = []
-    app = create_app(ServerConfig(upstream="http://upstream", encoder="hash", preset="core", encode_budget=30.0),
+    app = create_app(ServerConfig(upstream="http://upstream", encoder="hash", preset="core", encode_budget=30.0,
+                                  overrides=UNBOUND),
                      transport=httpx.MockTransport(lambda r: sent.append(r.content) or httpx.Response(200, json={})))
     with TestClient(app) as client:
         client.post("/v1/messages", content=raw, headers={"x-api-key": "k"})

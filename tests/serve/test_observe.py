@@ -49,7 +49,8 @@ def run(observe: bool, route: str) -> tuple[list[bytes], FakeUpstream, dict]:
     fake = FakeUpstream()
     upstream = ServerThread(fake.app())
     proxy = ServerThread(create_app(ServerConfig(upstream=upstream.url, encoder="hash", preset="cache-aware",
-                                                 encode_budget=30.0, observe=observe)))
+                                                 overrides=("thinking_bound=False",), encode_budget=30.0,
+                                                 observe=observe)))
     try:
         for body in SESSIONS[route][1]:
             httpx.post(proxy.url + route, content=body, headers={"authorization": "Bearer a", "x-gem-session": "s"})

@@ -29,10 +29,12 @@ def upstreams():
         server.stop()
 
 
-def serve(upstreams, **config):
+def serve(upstreams, overrides=("thinking_bound=False",), **config):
+    """The proxy in front of both fake upstreams (its Anthropic histories compress as for a model without preserved
+    thinking unless ``overrides`` say otherwise)."""
     _, _, openai_url, anthropic_url = upstreams
     return ServerThread(create_app(ServerConfig(upstream=openai_url + "/v1", anthropic_upstream=anthropic_url,
-                                                encoder="hash", encode_budget=30.0, **config)))
+                                                encoder="hash", encode_budget=30.0, overrides=overrides, **config)))
 
 
 @pytest.fixture(scope="module")
@@ -227,5 +229,25 @@ def test_observe_mode_relays_count_tokens_as_sent_even_with_count_compressed(ups
         assert last(anthropic, "/v1/messages/count_tokens").raw == body and counted == {"input_tokens": len(body) // 4}
         httpx.post(server.url + "/v1/messages", content=body, headers=headers)
         assert last(anthropic, "/v1/messages").raw == body
+    finally:
+        server.stop()
+
+
+def test_an_anthropic_history_goes_out_whole_unless_the_request_lets_the_api_drop_bound_thinking(upstreams):
+    """Default ``thinking_bound``: a model with preserved thinking refuses thinking whose preceding messages changed,
+    so a Messages history is forwarded as sent; a request asking ``prefix_mismatch_behavior: "drop_block"`` is
+    compressed (old code cut both)."""
+    _, anthropic, _, _ = upstreams
+    server = serve(upstreams, overrides=())
+    messages = synthetic_anthropic_history(60, seed=12)
+    try:
+        headers = {"x-api-key": "k4", "x-claude-code-session-id": "cc-4"}
+        plain = json.dumps({"model": "claude", "messages": messages}).encode()
+        httpx.post(server.url + "/v1/messages", content=plain, headers=headers)
+        assert last(anthropic, "/v1/messages").raw == plain
+        thinking = {"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
+        dropping = json.dumps({"model": "claude", "thinking": thinking, "messages": messages}).encode()
+        httpx.post(server.url + "/v1/messages", content=dropping, headers={**headers, "x-claude-code-session-id": "5"})
+        assert len(json.loads(last(anthropic, "/v1/messages").raw)["messages"]) < len(messages)
     finally:
         server.stop()

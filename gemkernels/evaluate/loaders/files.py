@@ -69,11 +69,12 @@ def run_sources(folder: Path) -> list[Path]:
 
 
 def walk_files(folder: Path) -> Iterable[Path]:
-    """Every file under ``folder``, outside the folders no agent writes its logs in (`NOT_LOGS`: installed packages,
-    version control, caches), which are not entered."""
+    """Every regular file under ``folder``, outside the folders no agent writes its logs in (`NOT_LOGS`: installed
+    packages, version control, caches), which are not entered."""
     for root, folders, files in os.walk(folder):
         folders[:] = [name for name in folders if name not in NOT_LOGS]
-        yield from (Path(root) / name for name in files)
+        paths = (Path(root) / name for name in files)
+        yield from (path for path in paths if path.is_file())  # not a FIFO, a socket or a dead link
 
 
 def source_of(path: Path) -> Path:
