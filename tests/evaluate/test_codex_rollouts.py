@@ -186,6 +186,10 @@ def test_a_mid_2025_rollout_is_recognised_by_its_structure_alone():
                 {"type": "message", "role": "assistant", "content": "hello"}]
     assert not is_rollout(messages)
     assert not is_rollout([{**HEADER, "type": "message"}, user("hi")])
+    # an export with a header and typed records of its own: plain messages, or types no API has (read as Codex once)
+    assert not is_rollout([HEADER, {"type": "message", "role": "user", "content": "hi"},
+                           {"type": "message", "role": "assistant", "content": "hello"}])
+    assert not is_rollout([HEADER, {"type": "say", "text": "hi"}, {"type": "function_call", "call_id": "c"}])
 
 
 @pytest.mark.skipif(not LOGS.is_dir(), reason="shared/data/logs is not present")

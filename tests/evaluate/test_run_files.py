@@ -75,3 +75,12 @@ def test_a_line_nested_past_the_parser_is_skipped_not_fatal(tmp_path):
     document = read_document(path)
     assert document.skipped == 1 and len(document.data) == len(lines)
     assert read_runs(path)[0].skipped == 1
+
+
+def test_a_json_array_saved_as_jsonl_is_still_one_document(tmp_path):
+    """A chat history saved as an indented array under ``.jsonl`` (one element a line) read as one document before
+    the one-line rule; it must still, and a one-line file is still a list of one record."""
+    messages = json.loads((FIXTURES / "openai_messages.json").read_text())
+    path = tmp_path / "array.jsonl"
+    path.write_text("[\n" + ",\n".join(json.dumps(m) for m in messages) + "\n]\n")
+    assert read_document(path).data == messages and read_document(path).skipped == 0

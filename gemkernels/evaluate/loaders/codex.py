@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gemkernels.compress.responses_items import RESPONSES_TYPES
+from gemkernels.evaluate.loaders.chat import ITEM_TYPES
 from gemkernels.evaluate.loaders.model import Usage, ends_response, is_output_item, opening_task
 from gemkernels.evaluate.loaders.settle import Draft, Format
 from gemkernels.evaluate.loaders.usage import codex_usage
@@ -40,13 +42,15 @@ def is_rollout(data: Any) -> bool:
 
 def is_bare_rollout(data: list[Any]) -> bool:
     """The mid-2025 form: a header with a string ``id`` and ``timestamp`` (no ``type`` or ``role``), then only
-    Codex's ``record_type`` lines and Responses items with no envelope, at least one of either."""
+    Codex's ``record_type`` lines and Responses items with no envelope (`ITEM_TYPES`), among them a ``record_type``
+    line or an item only the Responses API has (a list of plain messages is no rollout)."""
     header = data[0] if data else None
     if not (isinstance(header, dict) and isinstance(header.get("id"), str) and isinstance(header.get("timestamp"), str)
             and "type" not in header and "role" not in header and len(data) > 1):
         return False
-    return all(isinstance(r, dict) and ("record_type" in r or (isinstance(r.get("type"), str) and "payload" not in r))
-               for r in data[1:])
+    kinds = [r.get("type") if isinstance(r, dict) and "payload" not in r else None for r in data[1:]]
+    return all("record_type" in r or (type(kind) is str and kind in ITEM_TYPES) for r, kind in zip(data[1:], kinds)) \
+        and any("record_type" in r or kind in RESPONSES_TYPES for r, kind in zip(data[1:], kinds))
 
 
 def rollout_records(data: Any) -> list[dict[str, Any]]:

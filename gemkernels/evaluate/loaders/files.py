@@ -106,10 +106,10 @@ def run_stem(path: Path) -> str:
 
 
 def read_document(path: Path) -> Document:
-    """The file as one JSON document, else (and a ``.jsonl`` file always) as JSON Lines: every line that holds a
+    """The file as one JSON document, else (and a one-line ``.jsonl`` file) as JSON Lines: every line that holds a
     JSON object or array, the others counted as skipped; ``ValueError`` naming the file when it is empty or no line is
-    readable. A byte order mark is skipped. A markdown file: its text. An event
-    folder: its events in order, unreadable event files counted as skipped; a Cline task folder, `read_task_folder`."""
+    readable. A byte order mark is skipped. A markdown file: its text. An event folder: its events in order,
+    unreadable event files counted as skipped; a Cline task folder, `read_task_folder`."""
     if path.is_dir():
         return read_task_folder(path) if is_task_folder(path) else read_event_folder(path)
     text = path.read_text(encoding="utf-8-sig", errors="replace")  # -sig: a byte order mark is not content
@@ -117,15 +117,14 @@ def read_document(path: Path) -> Document:
         return Document(text)
     if not text.strip():
         raise ValueError(f"{path.name} is empty")
-    if path.suffix != ".jsonl":  # JSON Lines is read by lines, however many it holds
+    lines, whole = [line for line in text.splitlines() if line.strip()], None
+    if path.suffix != ".jsonl" or len(lines) > 1:  # one line of JSON Lines is a list of one record
         try:
             return Document(json.loads(text))
         except (ValueError, RecursionError) as err:  # RecursionError: nested deeper than the parser goes
             whole = err
     values, skipped = [], 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
+    for line in lines:
         try:
             value = json.loads(line)
         except (ValueError, RecursionError):
@@ -135,9 +134,8 @@ def read_document(path: Path) -> Document:
         else:
             skipped += 1
     if not values:
-        if path.suffix == ".jsonl":
-            raise ValueError(f"{path.name}: no line holds a JSON object or array")
-        raise ValueError(f"{path.name} is not JSON ({whole})")
+        raise ValueError(f"{path.name} is not JSON ({whole})" if whole else
+                         f"{path.name}: no line holds a JSON object or array")
     return Document(values, skipped)
 
 
