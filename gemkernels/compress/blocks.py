@@ -92,6 +92,11 @@ class History:
         return sorted(set(range(len(self.messages))).difference(self.block_positions))
 
     @cached_property
+    def thinking_blocks(self) -> bool:
+        """Whether a message carries LiteLLM's ``thinking_blocks`` (Anthropic thinking in the chat form)."""
+        return any(map(dict.get, self.messages, repeat("thinking_blocks")))
+
+    @cached_property
     def blocks(self) -> tuple[Block, ...]:
         return tuple(self.block(i) for i in range(len(self.spans)))
 

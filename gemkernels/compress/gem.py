@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -536,16 +535,15 @@ def binds_thinking(history: History) -> bool:
     """Whether removing a block could change what a thinking block was written after: any Anthropic Messages history
     (a model with preserved thinking may think in any response), or a chat history carrying ``thinking_blocks``
     (LiteLLM's form of Anthropic thinking)."""
-    return history.format == ANTHROPIC or (history.format == OPENAI and any(
-        map(dict.get, history.messages, repeat("thinking_blocks"))))
+    return history.format == ANTHROPIC or (history.format == OPENAI and history.thinking_blocks)
 
 
 def loop_thinking_blocks(history: History) -> list[int]:
     """The blocks of the current tool loop whose assistant message thinks (`carries_thinking`): the API refuses a
     tool loop whose last assistant turn lost its thinking, so they are always sent."""
     messages, spans = history.messages, history.spans
-    if not spans or history.format not in (ANTHROPIC, OPENAI) or (
-            history.format == OPENAI and not any(map(dict.get, messages, repeat("thinking_blocks")))):
+    if not spans or history.format not in (ANTHROPIC, OPENAI) or (history.format == OPENAI
+                                                                  and not history.thinking_blocks):
         return []
     loop, found = loop_start(messages), []
     for b in range(len(spans) - 1, -1, -1):
