@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from gemkernels import GEM
 from gemkernels.compress.blocks import carries_thinking, loop_start, parse_history
-from gemkernels.compress.gem import THINKING_BOUND
 from gemkernels.compress.config import resolve_config
 from gemkernels.compress.encoders import HashEncoder
+from gemkernels.compress.gem import THINKING_BOUND
 
 WORDS = ["parser", "config", "cache", "router", "socket", "schema", "token", "kernel", "worker", "index"]
 
@@ -96,7 +96,8 @@ def test_litellm_thinking_blocks_bind_a_chat_history():
             {"id": f"c{step}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}
         if step % 3 == 0:
             message["thinking_blocks"] = [{"type": "thinking", "thinking": f"plan {step}", "signature": "s"}]
-        h += [message, {"role": "tool", "tool_call_id": f"c{step}", "content": result(step, rng)["content"][0]["content"]}]
+        output = result(step, rng)["content"][0]["content"]
+        h += [message, {"role": "tool", "tool_call_id": f"c{step}", "content": output}]
     assert gem().compress(h).stats.reason == THINKING_BOUND
     out = gem(thinking_bound=False, max_forward_tokens=50).compress(h).messages
     assert all(any(m is o for o in out) for m in h if m.get("thinking_blocks"))

@@ -283,3 +283,35 @@ def test_openhands_actions_of_one_response_still_share_its_call(tmp_path):
         assert [[a.call_id for a in c.actions] for c in run.calls] == [both], repr(response_id)
         check_pairing(run, both)
         assert run.usage == Usage(100, 0, 0, 10)
+
+
+def test_openhands_responses_sharing_a_fixed_id_back_to_back_are_each_a_call(tmp_path):
+    """A server that gives every response one id: the next response's action names a call the open message does not
+    have, so it gives its own (it used to join the first one and be dropped, its result an orphan)."""
+    run = events_run(tmp_path, START + [
+        action(2, "call_a", "resp-fixed", "ls", usage=(100, 10)), observation(3, 2, "call_a", "calc.py"),
+        action(4, "call_b", "resp-fixed", "cat calc.py", usage=(150, 12)), observation(5, 4, "call_b", "x = 1")])
+    assert [[a.call_id for a in c.actions] for c in run.calls] == [["call_a"], ["call_b"]]
+    assert [json.loads(a.arguments) for c in run.calls for a in c.actions] == [{"command": "ls"},
+                                                                              {"command": "cat calc.py"}]
+    check_pairing(run, ["call_a", "call_b"])
+    assert run.orphans == 0 and run.usage == Usage(250, 0, 0, 22)
+
+
+@pytest.mark.parametrize(("between", "text"), [
+    ({"id": 4, "source": "user", "action": "message", "args": {"content": "Also the README."}}, "Also the README."),
+    ({"id": 4, "source": "agent", "observation": "error", "content": "agent error"}, "agent error")])
+def test_openhands_response_interrupted_between_its_actions_is_still_one_call(tmp_path, between, text):
+    """A user message or an observation with no cause between two actions of one response: one assistant message,
+    each call with its own result, the interruption after them (it used to repeat the turn, call_b a placeholder)."""
+    for response_id in ("resp-2", ""):
+        both = ["call_a", "call_b"]
+        run = events_run(tmp_path, START + [
+            action(2, "call_a", response_id, "ls", calls=both), observation(3, 2, "call_a", "calc.py"), between,
+            action(5, "call_b", response_id, "ls", calls=both), observation(6, 5, "call_b", "README.md")])
+        assert [[a.call_id for a in c.actions] for c in run.calls] == [both], repr(response_id)
+        check_pairing(run, both)
+        assert run.unanswered == () and run.orphans == 0 and not run.final
+        assert [(m["role"], m["content"]) for m in run.messages[3:]] == [
+            ("tool", "calc.py"), ("tool", "README.md"), ("user", text)]
+        assert run.usage == Usage(100, 0, 0, 10)

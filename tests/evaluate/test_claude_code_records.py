@@ -126,6 +126,45 @@ def test_unique_call_ids_renames_anthropic_tool_use_and_leaves_its_input_alone()
     assert out[1] == messages[1] and messages == before
 
 
+def test_many_reuses_of_one_id_are_renamed_in_linear_time():
+    """20,000 uses of one id: each reuse's n follows the last one's (searching from 2 again takes minutes)."""
+    messages = [{"role": "user", "content": "go"}]
+    for call_id in ["t1"] * 20_000 + ["t1-3"]:  # t1-3 is a name the log itself uses
+        messages += [{"role": "assistant", "content": [bash(call_id, "ls")]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": "x"}]}]
+    start = time.perf_counter()
+    out = unique_call_ids(messages)
+    assert time.perf_counter() - start < 5
+    ids = ["t1", "t1-2", *(f"t1-{n}" for n in range(4, 20_002)), "t1-3"]
+    assert [m["content"][0]["id"] for m in out[1::2]] == ids
+    assert [m["content"][0]["tool_use_id"] for m in out[2::2]] == ids
+
+
+def test_sub_agents_of_a_reused_task_id_link_to_their_own_call(tmp_path):
+    def task(uuid, parent, response, job):
+        return reply(uuid, parent, response, {"type": "tool_use", "id": "toolu_T", "name": "Task",
+                                              "input": {"prompt": job, "subagent_type": "general-purpose"}})
+
+    def agent(name, job):
+        return [prompt(f"{name}-u", None, job) | {"isSidechain": True, "agentId": name},
+                reply(f"{name}-a", f"{name}-u", f"msg_{name}", text("Done.")) | {"isSidechain": True, "agentId": name}]
+
+    main, *children = read(tmp_path, [
+        prompt("u1", None, "Review both modules."),
+        task("a1", "u1", "msg_1", "Review calc.py."),
+        result("u2", "a1", "toolu_T", "calc.py is fine.") | {"toolUseResult": {"agentId": "A1"}},
+        task("a2", "u2", "msg_2", "Review io.py."),  # a new response, the Task id used again
+        result("u3", "a2", "toolu_T", "io.py is fine.") | {"toolUseResult": {"agentId": "A2"}},
+        reply("a3", "u3", "msg_3", text("Both are fine.")),
+        *agent("A1", "Review calc.py."), *agent("A2", "Review io.py."),
+    ])
+    assert actions(main) == [[("toolu_T", "Task")], [("toolu_T-2", "Task")], []]
+    assert [(link.call_id, link.child) for link in main.spawned] == [
+        ("toolu_T", f"{SESSION}/agent-A1"), ("toolu_T-2", f"{SESSION}/agent-A2")]
+    assert [(run.id, run.parent, run.parent_call) for run in children] == [
+        (f"{SESSION}/agent-A1", SESSION, "toolu_T"), (f"{SESSION}/agent-A2", SESSION, "toolu_T-2")]
+
+
 def test_sidechain_roots_are_found_in_linear_time(tmp_path):
     """20,000 chained sidechain records without ``agentId`` (each record's root found once, not walked again)."""
     records, parent = [], None

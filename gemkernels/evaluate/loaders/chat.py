@@ -55,10 +55,10 @@ def unique_call_ids(messages: Sequence[dict[str, Any]]) -> Messages:
 
     Recorders reuse ids (tau-bench, SWE-agent replays, Claude Code); the pairing stays unambiguous because each use
     is answered before the next. A reuse while the earlier call is still open is left alone for `parse_history` to
-    reject.
+    reject. Each id's next n is kept (names the log itself uses are skipped), so no name is tried twice.
     """
     taken = {call["id"] for m in messages for call in calls_in(m) if isinstance(call.get("id"), str)}
-    used: set[str] = set()
+    following: dict[str, int] = {}  # recorded id used before -> the first n its next reuse may take
     unanswered: dict[str, str] = {}  # recorded id -> id it now has, until its result is seen
     out: Messages = []
     for message in messages:
@@ -73,13 +73,15 @@ def unique_call_ids(messages: Sequence[dict[str, Any]]) -> Messages:
                 old = call.get("id")
                 if not isinstance(old, str) or old in unanswered:
                     continue
-                if old in used:
-                    n = 2
+                if old in following:
+                    n = following[old]
                     while f"{old}-{n}" in taken:
                         n += 1
                     call["id"] = f"{old}-{n}"
                     taken.add(call["id"])
-                used.add(old)
+                    following[old] = n + 1
+                else:
+                    following[old] = 2
                 unanswered[old] = call["id"]
         elif role == "tool" and isinstance(message.get("tool_call_id"), str) and message["tool_call_id"] in unanswered:
             message["tool_call_id"] = unanswered.pop(message["tool_call_id"])

@@ -10,8 +10,8 @@ records' ``cwd``. Records in file order; API-error and ``<synthetic>`` assistant
 model output). A ``compact_boundary`` system record and the ``isCompactSummary`` user record after it, or an old
 ``summary`` record whose leaf is an earlier message of the file, mark a compaction. Sub-agents (``isSidechain``: inline,
 in ``agent-<id>.jsonl`` beside the session, or in ``<session>/subagents/``) are runs of their own, with the session as
-``parent``, linked to the ``Task`` / ``Agent`` call that started them by ``toolUseResult.agentId`` or, in older logs, by
-prompt.
+``parent``, linked to the ``Task`` / ``Agent`` call that started them (its id as renamed) by ``toolUseResult.agentId``
+or, in older logs, by prompt.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gemkernels.evaluate.loaders.chat import unique_call_ids
-from gemkernels.evaluate.loaders.model import Link, opening_task
+from gemkernels.evaluate.loaders.chat import is_tool_use, unique_call_ids
+from gemkernels.evaluate.loaders.model import Link, Messages, opening_task
 from gemkernels.evaluate.loaders.settle import Draft, Format
 from gemkernels.evaluate.loaders.usage import anthropic_usage
 
@@ -43,13 +43,11 @@ def read_claude_code(data: list[Any], stem: str) -> list[Draft]:
     agents = sidechains([r for r in records if r.get("isSidechain")])
     drafts = []
     if any(r.get("type") in ("user", "assistant") for r in main):
-        draft = transcript(main, stem, session)
-        draft.spawned = spawned(main, session)
-        drafts.append(draft)
+        drafts.append(transcript(main, stem, session, session))
     for key, group in agents.items():
         name = stem if not drafts and len(agents) == 1 else f"{stem}/{key}"
-        draft = transcript(group, name, f"{session}/{key}")
-        draft.parent, draft.spawned = session, spawned(group, session)
+        draft = transcript(group, name, f"{session}/{key}", session)
+        draft.parent = session
         drafts.append(draft)
     return drafts
 
@@ -81,8 +79,9 @@ def chain_roots(parent: dict[Any, Any]) -> dict[Any, Any]:
     return roots
 
 
-def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
-    """One chain of records as Anthropic messages, with each response's usage and model and the compactions."""
+def transcript(records: list[dict[str, Any]], name: str, run_id: str, session: str) -> Draft:
+    """One chain of records as Anthropic messages, with each response's usage and model, the compactions, and the
+    sub-agents it started (`spawned`, children of ``session``)."""
     draft = Draft(name, "claude-code", [], None, id=run_id)
     messages = draft.messages
     turn: dict[str, Any] | None = None  # the latest assistant message, while only its results follow it
@@ -92,6 +91,7 @@ def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
     merged: dict[str, set[str]] = {}  # message.id -> `block_key` of each block read so far
     leaves: set[str] = set()
     pending: str | None = None  # a compaction marker waiting for the next message
+    agents: dict[tuple[int, int], str] = {}  # (message, part) of a tool_result -> the agentId its record names
     for record in records:
         kind, message = record.get("type"), record.get("message")
         if kind == "system" and record.get("subtype") == "compact_boundary":
@@ -133,6 +133,10 @@ def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
                     answer = {"role": "user", "content": []}
                     added = answer
                     messages.append(answer)
+                agent = record.get("toolUseResult")
+                if isinstance(agent, dict) and isinstance(agent.get("agentId"), str):
+                    for i in range(len(results)):
+                        agents[len(messages) - 1, len(answer["content"]) + i] = agent["agentId"]
                 answer["content"].extend(results)
             if others:
                 user = {"role": "user", "content": content if isinstance(content, str) else others}
@@ -146,6 +150,7 @@ def transcript(records: list[dict[str, Any]], name: str, run_id: str) -> Draft:
     draft.goal = opening_task(messages)
     draft.project = next((r["cwd"] for r in records if isinstance(r.get("cwd"), str)), None)
     renamed(draft)
+    draft.spawned = spawned(draft.messages, agents, session)
     return draft
 
 
@@ -179,22 +184,15 @@ def renamed(draft: Draft) -> None:
     draft.messages = messages
 
 
-def spawned(records: list[dict[str, Any]], session: str) -> tuple[Link, ...]:
-    """The sub-agent calls among ``records``: each ``Task`` / ``Agent`` tool_use, with the child's id where its
-    result's ``toolUseResult`` names the ``agentId``, and its prompt."""
-    children = {}
-    for record in records:
-        result = record.get("toolUseResult")
-        content = (record.get("message") or {}).get("content") if isinstance(record.get("message"), dict) else None
-        if isinstance(result, dict) and isinstance(result.get("agentId"), str) and isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and part.get("type") == "tool_result":
-                    children[part.get("tool_use_id")] = f"{session}/agent-{result['agentId']}"
+def spawned(messages: Messages, agents: dict[tuple[int, int], str], session: str) -> tuple[Link, ...]:
+    """The sub-agent calls in ``messages`` (ids as renamed): each ``Task`` / ``Agent`` tool_use, with the child's id
+    where the result answering it is at a ``(message, part)`` of ``agents`` (its record's agentId), and its prompt."""
+    children = {messages[i]["content"][j].get("tool_use_id"): f"{session}/agent-{agent}"
+                for (i, j), agent in agents.items()}
     links = []
-    for record in records:
-        content = (record.get("message") or {}).get("content") if record.get("type") == "assistant" else None
-        for part in content if isinstance(content, list) else []:
-            if isinstance(part, dict) and part.get("type") == "tool_use" and isinstance(part.get("id"), str) and (
+    for message in messages:
+        for part in message["content"] if message["role"] == "assistant" else []:
+            if is_tool_use(part) and isinstance(part.get("id"), str) and (
                     part.get("name") in SUBAGENT_TOOLS or "subagent_type" in (part.get("input") or {})):
                 prompt = (part.get("input") or {}).get("prompt")
                 links.append(Link(part["id"], children.get(part["id"]), prompt if isinstance(prompt, str) else None))

@@ -1,12 +1,13 @@
 """OpenHands V0 trajectories (a list of events) and evaluation records (``output.jsonl``: ``{"history": events,
 "instruction", "metrics", ...}`` per line) as OpenAI chat runs.
 
-With function calling, an action's ``tool_call_metadata.model_response`` is the model's whole response: the first of
-its actions gives the assistant message (every tool call of the response), the next ones join it while only their
-observations come between (one response: the same non-empty id, or without an id equal responses; any other action
-gives its own), and an observation answers the call named by its ``tool_call_metadata.tool_call_id`` (else the action
-its ``cause`` names). Usage per call: the growth of ``llm_metrics.accumulated_token_usage`` where the log has it (the
-log's own sums), else the response's ``usage``.
+With function calling, an action's ``tool_call_metadata.model_response`` is the model's whole response. An action
+joins the open assistant message when it is of the same response (the same non-empty id, or without an id equal
+responses) and its ``tool_call_id`` is one of that message's calls no earlier action claimed; any other action gives its
+own (every tool call of its response). User messages and observations between leave the message open (its later
+results go before them); the agent's other messages and a condensation close it. An observation answers the call named
+by its ``tool_call_metadata.tool_call_id`` (else the action its ``cause`` names). Usage per call: the growth of
+``llm_metrics.accumulated_token_usage`` where the log has it (the log's own sums), else the response's ``usage``.
 Older trajectories without ids are action / observation pairs, each action one call named after it (``run`` ->
 ``execute_bash``, ``run_ipython`` -> ``execute_ipython_cell``). A ``condensation`` action marks a compaction.
 """
@@ -66,29 +67,36 @@ def read_events(events: list[dict[str, Any]], stem: str) -> list[Draft]:
         return [legacy(events, stem)]
     draft = Draft(stem, "openhands", [], None)
     messages = draft.messages
-    group: dict[str, Any] | None = None  # the model response whose assistant message its next actions join
+    group: dict[str, Any] = {}  # the model response of the open assistant message
+    owned: set[Any] = set()  # the open message's call ids (none once it is closed)
+    unclaimed: set[Any] = set()  # those no action has claimed yet
+    end = 0  # where the open message's next result goes: after its earlier results
     calls: dict[Any, str] = {}  # action event id -> its tool call id
     accumulated = None  # the last llm_metrics.accumulated_token_usage seen
     pending = None
     for event in events:
         metadata = event.get("tool_call_metadata") if isinstance(event.get("tool_call_metadata"), dict) else {}
-        added, billed, opened = None, None, None
+        added, billed, opened = None, None, False
         if "action" in event:
             kind = event["action"]
             response = metadata.get("model_response") if isinstance(metadata.get("model_response"), dict) else None
             if kind == "condensation":
                 pending = "condensation"
+                owned, unclaimed = set(), set()
                 summary = (event.get("args") or {}).get("summary")
                 added = {"role": "user", "content": summary} if isinstance(summary, str) and summary else None
             elif response is not None:
-                calls[event.get("id")] = metadata.get("tool_call_id")
-                if group is None or not same_response(response, group):
+                call_id = calls[event.get("id")] = metadata.get("tool_call_id")
+                if call_id not in unclaimed or not same_response(response, group):
                     added = billed = assistant_message(response)
-                    opened = response
+                    group, opened = response, True
+                    owned = {call["id"] for call in added.get("tool_calls", [])}
+                    unclaimed = set(owned)
                     usage = response.get("usage")
                     draft.usage[id(added)] = openai_usage(usage) if isinstance(usage, dict) else Usage()
                     if isinstance(response.get("model"), str):
                         draft.models[id(added)] = response["model"]
+                unclaimed.discard(call_id)
             elif kind == "system":
                 added = {"role": "system", "content": text_of(event)}
             elif kind == "message":
@@ -105,8 +113,15 @@ def read_events(events: list[dict[str, Any]], stem: str) -> list[Draft]:
                 draft.usage[id(billed)] = metrics_usage(now, accumulated)
                 accumulated = now
         if added is not None:
-            messages.append(added)
-            group = group if added["role"] == "tool" else opened
+            if added["role"] == "tool" and added["tool_call_id"] in owned:
+                messages.insert(end, added)
+                end += 1
+            else:
+                messages.append(added)
+                if opened:
+                    end = len(messages)
+                elif added["role"] in ("assistant", "system"):
+                    owned, unclaimed = set(), set()
             if pending:
                 draft.compactions[id(added)], pending = pending, None
     draft.trailing_compaction = pending
