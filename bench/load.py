@@ -281,7 +281,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="agent steps (requests) per session")
     parser.add_argument("--delay", type=float, default=0.5, help="the upstream's answer time, seconds")
     parser.add_argument("--warm", type=int, default=0,
-                        help="requests of each session sent, unmeasured, before the sessions start again (steady state)")
+                        help="requests of each session sent, unmeasured, before the sessions start again "
+                             "(steady state)")
     parser.add_argument("--encoder", default="hash", help="gem's encoder (hash, minilm, ...)")
     parser.add_argument("--modes", nargs="+", default=["off", "cache-aware", "paper"],
                         help="gem targets: off (forwarding only) or preset names; PRESET@redis keeps the sessions "

@@ -2,9 +2,9 @@
 
 Lowest first: ``gemkernels.kernels`` (the top-level ``kernels/`` folder) < ``gemkernels.select`` <
 ``gemkernels.compress`` < the package root (``gemkernels/__init__.py``, which may import select and compress only)
-< {``gemkernels.serve``, ``gemkernels.evaluate``, ``gemkernels.integrations``} (siblings: none imports another) < ``gemkernels.benchmark``
-(anything below it but serve) < ``gemkernels.testing`` < ``gemkernels.cli`` (anything). Every ``import`` and
-``from ... import`` counts, at module top level or inside a function (lazy imports too), relative ones resolved,
+< {``gemkernels.serve``, ``gemkernels.evaluate``, ``gemkernels.integrations``} (siblings: none imports another)
+< ``gemkernels.benchmark`` (anything below it but serve) < ``gemkernels.testing`` < ``gemkernels.cli`` (anything).
+Every ``import`` and ``from ... import`` counts, at module top level or inside a function (lazy imports too), relative ones resolved,
 and ``importlib.import_module`` of a constant name.
 
 Also: ``import gemkernels`` loads no heavy dependency, and importing every submodule leaves ``gemkernels.select``
@@ -40,7 +40,8 @@ ALLOWED = {
     "integrations": {"kernels", "select", "compress", "root", "integrations"},
     "benchmark": {"kernels", "select", "compress", "root", "evaluate", "benchmark"},
     "testing": {"kernels", "select", "compress", "root", "serve", "evaluate", "benchmark", "testing"},
-    "cli": {"kernels", "select", "compress", "root", "serve", "evaluate", "integrations", "benchmark", "testing", "cli"},
+    "cli": {"kernels", "select", "compress", "root", "serve", "evaluate", "integrations", "benchmark", "testing",
+            "cli"},
 }
 ALLOWED["main"] = ALLOWED["cli"] | {"main"}  # ``python -m gemkernels`` is the ``gem`` command
 

@@ -45,8 +45,9 @@ def test_a_source_checkout_without_install_loads_kernels_as_gemkernels_kernels(t
 def test_the_commit_is_the_imported_packages_not_the_enclosing_repositorys(tmp_path, monkeypatch):
     """A checkout reports its HEAD and whether tracked files changed; a package inside some other repository (a
     virtual environment in a project) reports no commit rather than that repository's."""
-    run = lambda *args, cwd=tmp_path: subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                                                     text=True).stdout.strip()
+    def run(*args, cwd=tmp_path):
+        return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
     run("init", "-q")
     (tmp_path / "a.txt").write_text("one")
     run("add", "a.txt")

@@ -138,7 +138,7 @@ class Connection(asyncio.Protocol):
         if self.past_end or self.head.done():
             return
         status = self.parser.get_status_code()
-        if 100 <= status < 200 and status != 101:  # interim (RFC 9110 §15.2, unknown ones too): the final answer follows
+        if 100 <= status < 200 and status != 101:  # interim (RFC 9110 §15.2, unknown ones too): the final one follows
             self.reason, self.headers = b"", []
             return
         self.head_size = 17 + len(self.reason) + sum(len(name) + len(value) + 4 for name, value in self.headers)

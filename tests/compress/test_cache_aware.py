@@ -17,13 +17,7 @@ from gemkernels.compress.blocks import parse_history  # noqa: E402
 from gemkernels.compress.config import resolve_config, with_overrides  # noqa: E402
 from gemkernels.compress.encoders import CachedEncoder, HashEncoder  # noqa: E402
 from gemkernels.compress.evidence import EvidenceConfig  # noqa: E402
-from gemkernels.compress.policy import (  # noqa: E402
-    could_repay,
-    least_core_tokens,
-    renewal_gap,
-    repay_reason,
-    rewrite_core,
-)
+from gemkernels.compress.policy import could_repay, least_core_tokens, renewal_gap, repay_reason, rewrite_core  # noqa: E402
 from gemkernels.compress.router.ranking import router_order  # noqa: E402
 from gemkernels.evaluate.loaders import checkpoints  # noqa: E402
 from gemkernels.evaluate.online_policies import AmortizedForgetting  # noqa: E402

@@ -415,7 +415,6 @@ def test_a_process_that_stops_reading_costs_requests_their_deadline_then_is_repl
 def test_aclose_on_a_socket_the_reader_already_closed_does_not_raise():
     """uvloop raises on write_eof() to a closed transport (asyncio ignores it): aclose must still end the process."""
     uvloop = pytest.importorskip("uvloop")
-    import asyncio
 
     from gemkernels.serve.metrics import Metrics
 
