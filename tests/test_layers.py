@@ -4,8 +4,8 @@ Lowest first: ``gemkernels.kernels`` (the top-level ``kernels/`` folder) < ``gem
 ``gemkernels.compress`` < the package root (``gemkernels/__init__.py``, which may import select and compress only)
 < {``gemkernels.serve``, ``gemkernels.evaluate``, ``gemkernels.integrations``} (siblings: none imports another)
 < ``gemkernels.benchmark`` (anything below it but serve) < ``gemkernels.testing`` < ``gemkernels.cli`` (anything).
-Every ``import`` and ``from ... import`` counts, at module top level or inside a function (lazy imports too), relative ones resolved,
-and ``importlib.import_module`` of a constant name.
+Every ``import`` and ``from ... import`` counts, at module top level or inside a function (lazy imports too),
+relative ones resolved, and ``importlib.import_module`` of a constant name.
 
 Also: ``import gemkernels`` loads no heavy dependency, and importing every submodule leaves ``gemkernels.select``
 the function (the subpackage ``gemkernels/select/`` shares its name).
