@@ -92,9 +92,14 @@ class History:
         return sorted(set(range(len(self.messages))).difference(self.block_positions))
 
     @cached_property
-    def thinking_blocks(self) -> bool:
-        """Whether a message carries LiteLLM's ``thinking_blocks`` (Anthropic thinking in the chat form)."""
-        return any(map(dict.get, self.messages, repeat("thinking_blocks")))
+    def carries_thinking(self) -> bool:
+        """Whether a message carries Anthropic thinking (`carries_thinking`): a content part, or LiteLLM's chat form
+        ``thinking_blocks``; an Anthropic history (``anthropic`` format) always counts, as its next response may."""
+        if self.format == ANTHROPIC or any(map(dict.get, self.messages, repeat("thinking_blocks"))):
+            return True
+        contents = map(dict.get, self.messages, repeat("content"))
+        return self.format != RESPONSES and any(isinstance(c, list) and any(
+            isinstance(p, dict) and p.get("type") in THINKING_PARTS for p in c) for c in contents)
 
     @cached_property
     def blocks(self) -> tuple[Block, ...]:

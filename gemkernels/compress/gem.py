@@ -21,12 +21,12 @@ import numpy as np
 
 from gemkernels.compress.blocks import (
     ANTHROPIC,
-    OPENAI,
     RESPONSES,
     BlockStructureError,
     History,
     Span,
     carries_thinking,
+    detect_format,
     loop_start,
     parse_history,
     reconstruct,
@@ -48,6 +48,7 @@ from gemkernels.compress.policy import (
 )
 from gemkernels.compress.references import EMPTY, HeldIndex, Lexicon, block_lexicon
 from gemkernels.compress.representation import block_text
+from gemkernels.compress.responses_items import is_responses_input
 from gemkernels.compress.resume import Marshalled, RawMessages, resume
 from gemkernels.compress.router import Router, call_signature, load_router, request_features
 from gemkernels.compress.router.features import superseded
@@ -239,6 +240,13 @@ class GEM:
             logger.exception("gemkernels: compression failed; forwarding the original request")
             return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
 
+    def _bound(self, messages: Sequence[Any], session_id: str | None, started: float, blocks: int = 0) -> Compressed:
+        """``messages`` unchanged: their thinking is or may become bound to every message before it
+        (``thinking_bound``)."""
+        stats = CompressionStats(UNCHANGED, THINKING_BOUND, session_id, blocks=blocks, messages_before=len(messages),
+                                 messages_after=len(messages), seconds={"total": time.perf_counter() - started})
+        return Compressed(messages, stats)
+
     def _passthrough(self, messages: Any, reason: str, session_id: str | None, started: float) -> Compressed:
         logger.info("gemkernels: forwarding unchanged: %s", reason)  # info: a reason can quote a client's ids
         count = len(messages) if isinstance(messages, (list, tuple)) else 0
@@ -250,6 +258,8 @@ class GEM:
                   message_sizes: Sequence[int] | None, tenant: str | None, save: bool,
                   message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None, bound: bool) -> Compressed:
         cfg = self.config
+        if bound and is_anthropic_messages(messages):  # whole, so not even parsed
+            return self._bound(messages, session_id, started)
         history = keys = call_ids = written = None
         if session_id is not None and isinstance(messages, (list, tuple)):  # the last request's parse may go on
             written = (RawMessages(*message_bytes) if message_bytes is not None
@@ -272,11 +282,8 @@ class GEM:
                                      messages_before=len(messages), messages_after=len(messages))
             stats.seconds["total"] = time.perf_counter() - started
             return Compressed(messages, stats)
-        if bound and binds_thinking(history):
-            stats = CompressionStats(UNCHANGED, THINKING_BOUND, session_id or prefix_session_id(history), blocks=n,
-                                     messages_before=len(messages), messages_after=len(messages))
-            stats.seconds["total"] = time.perf_counter() - started
-            return Compressed(messages, stats)
+        if bound and history.carries_thinking:
+            return self._bound(messages, session_id or prefix_session_id(history), started, n)
         session_id = session_id or prefix_session_id(history)
         store_key = session_key(session_id, tenant)
         state = self.store.get(store_key)
@@ -526,30 +533,30 @@ def warn_encoder_mismatch(trained: str, encoder: str) -> None:
                    "--encoder` makes one for yours", trained, encoder)
 
 
-#: Why a history whose thinking may be bound to its prefix goes out whole (`binds_thinking`).
+#: Why a history whose thinking may be bound to its prefix goes out whole (`is_anthropic_messages`,
+#: `History.carries_thinking`).
 THINKING_BOUND = ("thinking_bound: a model with preserved thinking binds each thinking block to every message before "
                   "it, so no block is removed (set thinking_bound=false for a model without that binding)")
 
 
-def binds_thinking(history: History) -> bool:
-    """Whether removing a block could change what a thinking block was written after: any Anthropic Messages history
-    (a model with preserved thinking may think in any response), or a chat history carrying ``thinking_blocks``
-    (LiteLLM's form of Anthropic thinking)."""
-    return history.format == ANTHROPIC or (history.format == OPENAI and history.thinking_blocks)
+def is_anthropic_messages(messages: Any) -> bool:
+    """Whether ``messages`` is an Anthropic Messages history (`detect_format`), which a model with preserved thinking
+    may think after in any response: a list of objects, no Responses input, with ``tool_use``/``tool_result`` parts."""
+    return isinstance(messages, (list, tuple)) and set(map(type, messages)) <= {dict} and not is_responses_input(
+        messages) and detect_format(messages) == ANTHROPIC
 
 
 def loop_thinking_blocks(history: History) -> list[int]:
-    """The blocks of the current tool loop whose assistant message thinks (`carries_thinking`): the API refuses a
-    tool loop whose last assistant turn lost its thinking, so they are always sent."""
+    """The blocks of the current tool loop with a thinking message (`carries_thinking`): the API refuses a tool loop
+    whose last assistant turn lost its thinking, so they are always sent."""
     messages, spans = history.messages, history.spans
-    if not spans or history.format not in (ANTHROPIC, OPENAI) or (history.format == OPENAI
-                                                                  and not history.thinking_blocks):
+    if not spans or history.format == RESPONSES or not history.carries_thinking:
         return []
     loop, found = loop_start(messages), []
     for b in range(len(spans) - 1, -1, -1):
         if spans[b].start < loop:
             break
-        if carries_thinking(messages[spans[b].start]):
+        if any(carries_thinking(messages[p]) for p in spans[b].positions):
             found.append(b)
     return found[::-1]
 

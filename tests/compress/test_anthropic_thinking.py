@@ -128,3 +128,31 @@ def test_a_thinking_session_never_loses_what_the_api_checks(seed, think, user_tu
                   {"role": "user", "content": f"Go on with part {step}."}]
             continue
         h += [assistant(step, rng, think[step]), result(step, rng)]
+
+
+def test_a_text_action_history_with_thinking_parts_is_bound_too():
+    """A mini-swe-agent history sent to Anthropic (no tool_use parts: text actions) whose assistant turns carry
+    thinking parts: its turns are removable blocks, and the thinking is bound all the same (old code cut it)."""
+    h = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Fix the tests."}]
+    for step in range(30):
+        h += [{"role": "assistant", "content": [
+                  {"type": "thinking", "thinking": f"step {step}", "signature": f"s{step}"},
+                  {"type": "text", "text": f"Look.\n```bash\ngrep -rn word{step} src\n```"}]},
+              {"role": "user", "content": f"<returncode>0</returncode>\n<output>\nsrc/m{step}.py: word{step}\n"
+                                          f"{'x' * (40 * step)}\n</output>"}]
+    assert parse_history(h).format == "text-actions" and len(parse_history(h).spans) == 30
+    result = gem().compress(h)
+    assert result.messages is h and result.stats.reason == THINKING_BOUND
+    assert gem(thinking_bound=False).compress(h).stats.removed_blocks
+
+
+def test_a_bound_anthropic_history_is_not_even_parsed(monkeypatch):
+    """Forwarded whole, it costs no parse (a Claude Code request of 600 messages paid a whole parse for nothing)."""
+    import gemkernels.compress.gem as gem_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("parsed")
+
+    h = one_loop(40, thinking_every=1)
+    monkeypatch.setattr(gem_module, "parse_history", refuse)
+    assert gem().compress(h, session_id="s").stats.reason == THINKING_BOUND

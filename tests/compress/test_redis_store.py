@@ -20,6 +20,7 @@ from helpers import CountingEncoder  # noqa: E402
 
 from gemkernels import GEM  # noqa: E402
 from gemkernels.compress.blocks import parse_history  # noqa: E402
+from gemkernels.compress.config import resolve_config  # noqa: E402
 from gemkernels.compress.encoders.redis_cache import RedisEmbeddingCache  # noqa: E402
 from gemkernels.compress.gem import PASSTHROUGH  # noqa: E402
 from gemkernels.compress.identity import said, stable_digest  # noqa: E402
@@ -57,8 +58,9 @@ def test_a_state_with_other_keys_packs_as_json_and_back():
 def test_gems_sharing_one_redis_forward_what_one_gem_forwards(redis_server, preset, history):
     """Three GEMs (three replicas: their own block caches) take a session's requests in turn; each forwards the
     same messages as one GEM with the in-memory store."""
-    replicas = [GEM(preset, encoder="hash", store=store_on(redis_server), token_counter=None) for _ in range(3)]
-    alone = GEM(preset, encoder="hash", token_counter=None)
+    config = resolve_config(preset, thinking_bound=False)  # Anthropic histories compress too
+    replicas = [GEM(config, encoder="hash", store=store_on(redis_server), token_counter=None) for _ in range(3)]
+    alone = GEM(config, encoder="hash", token_counter=None)
     messages = history(70, seed=hash(preset) % 100)
     session = f"{preset}-{history.__name__}"
     actions = set()

@@ -254,8 +254,8 @@ def test_the_supervisor_logs_a_dead_worker_and_stops_on_a_worker_that_cannot_sta
             time.sleep(0.1)
         assert "2 workers on http://127.0.0.1" in log.read_text()
         assert f"(pid {victim}) exited with -9; starting another" in log.read_text()
-    bad = GemServeProcess(*serve_args("http://127.0.0.1:9", redis_server.url, "--workers", "2",
-                                      "--encoder", "nonesuch"))  # every worker fails to start
+    bad = GemServeProcess(*serve_args("http://127.0.0.1:9", redis_server.url, "--workers", "2", "--set",
+                                      f"router={tmp_path / 'absent.json'}", preset="cache-aware"))  # none can start
     process = subprocess.Popen(bad.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert process.wait(60) == 3
