@@ -93,13 +93,16 @@ class History:
 
     @cached_property
     def carries_thinking(self) -> bool:
-        """Whether a message carries Anthropic thinking (`carries_thinking`): a content part, or LiteLLM's chat form
-        ``thinking_blocks``; an Anthropic history (``anthropic`` format) always counts, as its next response may."""
-        if self.format == ANTHROPIC or any(map(dict.get, self.messages, repeat("thinking_blocks"))):
+        """Whether a message carries signed thinking (`carries_thinking`); an Anthropic history (``anthropic``
+        format) always counts, as its next response may."""
+        if self.format == ANTHROPIC or any(map(dict.get, self.messages, repeat("thinking_blocks"))) or any(
+                map(dict.get, self.messages, repeat("reasoning_details"))):
             return True
-        contents = map(dict.get, self.messages, repeat("content"))
-        return self.format != RESPONSES and any(isinstance(c, list) and any(
-            isinstance(p, dict) and p.get("type") in THINKING_PARTS for p in c) for c in contents)
+        if self.format == RESPONSES:
+            return False
+        contents = list(map(dict.get, self.messages, repeat("content")))
+        return list in set(map(type, contents)) and any(isinstance(c, list) and any(map(is_thinking_part, c))
+                                                        for c in contents)
 
     @cached_property
     def blocks(self) -> tuple[Block, ...]:
@@ -327,11 +330,25 @@ THINKING_PARTS = frozenset({"thinking", "redacted_thinking"})
 
 
 def carries_thinking(message: dict[str, Any]) -> bool:
-    """Whether ``message`` holds Anthropic thinking: a ``thinking`` or ``redacted_thinking`` part, or (LiteLLM's chat
-    form) a non-empty ``thinking_blocks`` list."""
+    """Whether ``message`` holds signed thinking: a ``thinking`` or ``redacted_thinking`` part, LangChain's v1 forms
+    (a ``reasoning`` part with a signature, a ``non_standard`` one wrapping thinking), or a non-empty
+    ``thinking_blocks`` (LiteLLM) or ``reasoning_details`` (OpenRouter) list."""
     content = message.get("content")
-    return bool(message.get("thinking_blocks")) or isinstance(content, list) and any(
-        isinstance(p, dict) and p.get("type") in THINKING_PARTS for p in content)
+    if message.get("thinking_blocks") or message.get("reasoning_details"):
+        return True
+    return isinstance(content, list) and any(map(is_thinking_part, content))
+
+
+def is_thinking_part(part: Any) -> bool:
+    """A content part that carries signed thinking (`carries_thinking`)."""
+    if not isinstance(part, dict):
+        return False
+    kind = part.get("type")
+    if kind == "reasoning":
+        return isinstance(part.get("extras"), dict) and "signature" in part["extras"]
+    if kind == "non_standard":
+        return isinstance(part.get("value"), dict) and part["value"].get("type") in THINKING_PARTS
+    return kind in THINKING_PARTS
 
 
 def loop_start(messages: Sequence[dict[str, Any]]) -> int:

@@ -72,8 +72,9 @@ class GEMConfig:
     refuses a tool loop whose last turn lost its thinking). ``thinking_bound`` (models with preserved thinking bind
     each thinking block to every message before it and may think in any response) forwards an Anthropic Messages
     history, or a chat history carrying LiteLLM's ``thinking_blocks``, whole; set it False for a model that drops
-    earlier turns' thinking instead (`GEM.compress`'s ``unbound_thinking`` does so for one request that asks
-    ``prefix_mismatch_behavior: "drop_block"``)."""
+    earlier turns' thinking instead (`GEM.compress`'s ``thinking="drop"`` does so for one request that asks
+    ``prefix_mismatch_behavior: "drop_block"``, and ``thinking="api"`` binds one that goes to Anthropic's API
+    whatever its messages hold)."""
 
     tau: float = 0.90
     k: int = 16

@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -205,7 +205,7 @@ class GEM:
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None,
                  message_sizes: Sequence[int] | None = None, tenant: str | None = None,
                  save: bool = True, message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None,
-                 unbound_thinking: bool = False) -> Compressed:
+                 thinking: str = "content") -> Compressed:
         """Compress one request; never raises for bad input, never mutates ``messages``.
 
         ``tenant``: whose session this is (a proxy passes a hash of the caller's credential): sessions of two
@@ -221,17 +221,22 @@ class GEM:
         proxy's byte scan); the next request of the session then resumes this one's parse on a digest of those
         bytes (`gemkernels.compress.resume`) instead of marshalling the messages.
 
-        ``unbound_thinking``: this request lets the API drop thinking blocks whose preceding messages changed
-        (Anthropic's ``prefix_mismatch_behavior: "drop_block"``), so ``thinking_bound`` does not hold it whole."""
+        ``thinking``: how Anthropic thinking binds this request (`THINKING_MODES`): ``content``, as its messages show
+        (an Anthropic history, or one carrying thinking); ``api``, bound whatever its messages hold (it goes to
+        Anthropic's Messages API, whose next response may think); ``drop``, not bound (the request lets the API drop
+        a thinking block whose preceding messages changed: ``prefix_mismatch_behavior: "drop_block"``).
+        ``thinking_bound=False`` in the config makes every request unbound."""
         started = time.perf_counter()
-        bound = self.config.thinking_bound and not unbound_thinking
+        if thinking not in THINKING_MODES:
+            raise ValueError(f"thinking must be one of {', '.join(THINKING_MODES)}, got {thinking!r}")
+        mode = thinking if self.config.thinking_bound else THINKING_DROPPED
         try:
             try:
                 return self._compress(messages, session_id, goal, started, message_sizes, tenant, save,
-                                      message_bytes, bound)
+                                      message_bytes, mode)
             except SessionConflict:  # another request of the session saved first: once more, from its state
                 return self._compress(messages, session_id, goal, started, message_sizes, tenant, save,
-                                      message_bytes, bound)
+                                      message_bytes, mode)
         except BlockStructureError as err:
             return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
         except (SessionConflict, StoreUnavailable) as err:  # a shared store's, expected: no traceback each
@@ -240,11 +245,14 @@ class GEM:
             logger.exception("gemkernels: compression failed; forwarding the original request")
             return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
 
-    def _bound(self, messages: Sequence[Any], session_id: str | None, started: float, blocks: int = 0) -> Compressed:
+    def _bound(self, messages: Any, session_id: str | None, started: float, blocks: int = 0) -> Compressed:
         """``messages`` unchanged: their thinking is or may become bound to every message before it
-        (``thinking_bound``)."""
-        stats = CompressionStats(UNCHANGED, THINKING_BOUND, session_id, blocks=blocks, messages_before=len(messages),
-                                 messages_after=len(messages), seconds={"total": time.perf_counter() - started})
+        (``thinking_bound``); the session named by the caller, else by the messages before the first call."""
+        count = len(messages) if isinstance(messages, (list, tuple)) else 0
+        if session_id is None and count and set(map(type, messages)) <= {dict}:
+            session_id = prefix_session_id(History(messages, ANTHROPIC, (Span((first_call(messages),), ()),)))
+        stats = CompressionStats(UNCHANGED, THINKING_BOUND, session_id, blocks=blocks, messages_before=count,
+                                 messages_after=count, seconds={"total": time.perf_counter() - started})
         return Compressed(messages, stats)
 
     def _passthrough(self, messages: Any, reason: str, session_id: str | None, started: float) -> Compressed:
@@ -256,9 +264,9 @@ class GEM:
 
     def _compress(self, messages: Any, session_id: str | None, goal: str | None, started: float,
                   message_sizes: Sequence[int] | None, tenant: str | None, save: bool,
-                  message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None, bound: bool) -> Compressed:
+                  message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None, thinking: str) -> Compressed:
         cfg = self.config
-        if bound and is_anthropic_messages(messages):  # whole, so not even parsed
+        if thinking == THINKING_API or thinking == THINKING_CONTENT and is_anthropic_messages(messages):  # unparsed
             return self._bound(messages, session_id, started)
         history = keys = call_ids = written = None
         if session_id is not None and isinstance(messages, (list, tuple)):  # the last request's parse may go on
@@ -282,7 +290,7 @@ class GEM:
                                      messages_before=len(messages), messages_after=len(messages))
             stats.seconds["total"] = time.perf_counter() - started
             return Compressed(messages, stats)
-        if bound and history.carries_thinking:
+        if thinking != THINKING_DROPPED and history.carries_thinking:
             return self._bound(messages, session_id or prefix_session_id(history), started, n)
         session_id = session_id or prefix_session_id(history)
         store_key = session_key(session_id, tenant)
@@ -405,13 +413,14 @@ class GEM:
         if (broken := guard_reason(forwarded, block_chars, chars_before, self.config.delta)) is not None:
             return self._passthrough(messages, f"{why}; {broken}", session_id, started)
         reason = f"{why}; {n - seen} new blocks appended to the saved forwarded set"
+        pinned = loop_thinking_blocks(history)
         if self.config.max_forward_tokens is not None:  # new blocks weigh their characters / 4 (not counted yet)
             tokens = [block_tokens(state.block_cache[key]) if key in state.block_cache else
                       -(-sum(serialised_chars(messages[p]) for p in span.positions) // 4)
                       for key, span in zip(keys, history.spans)]
-            pinned = loop_thinking_blocks(history)
             forwarded, reason = self._ceiling(history, forwarded, tokens, self._other_tokens(history), (), (), reason,
                                               pinned)
+        forwarded |= set(pinned)  # a saved set may lack what the API now needs
         removed = sorted(set(range(n)) - forwarded)
         out = reconstruct(history, forwarded)
         stats = CompressionStats(
@@ -537,6 +546,27 @@ def warn_encoder_mismatch(trained: str, encoder: str) -> None:
 #: `History.carries_thinking`).
 THINKING_BOUND = ("thinking_bound: a model with preserved thinking binds each thinking block to every message before "
                   "it, so no block is removed (set thinking_bound=false for a model without that binding)")
+
+
+#: `GEM.compress`'s ``thinking`` modes: bound as the messages show, bound by the API, dropped by the API.
+THINKING_CONTENT, THINKING_API, THINKING_DROPPED = "content", "api", "drop"
+THINKING_MODES = (THINKING_CONTENT, THINKING_API, THINKING_DROPPED)
+
+
+def anthropic_thinking(request: Mapping[str, Any]) -> str:
+    """The ``thinking`` mode of a request to Anthropic's Messages API: ``api`` (any response may think, bound to what
+    it was sent), or ``drop`` when it asks the API to drop a thinking block whose preceding messages changed
+    (``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``)."""
+    thinking = request.get("thinking")
+    binding = thinking.get("block_binding") if isinstance(thinking, dict) else None
+    drops = isinstance(binding, dict) and binding.get("prefix_mismatch_behavior") == "drop_block"
+    return THINKING_DROPPED if drops else THINKING_API
+
+
+def first_call(messages: Sequence[dict[str, Any]]) -> int:
+    """The position of the first message that calls a tool (content parts, ``tool_calls``), else the length."""
+    return next((i for i, m in enumerate(messages) if m.get("tool_calls") or isinstance(m.get("content"), list)
+                 and any(isinstance(p, dict) and p.get("type") == "tool_use" for p in m["content"])), len(messages))
 
 
 def is_anthropic_messages(messages: Any) -> bool:

@@ -32,7 +32,13 @@ from gemkernels.compress.config import GEMConfig
 from gemkernels.compress.encoders import Encoder
 from gemkernels.compress.gem import UNCHANGED, CompressionStats
 from gemkernels.compress.sessions import GEM_SESSION_HEADER, request_session
-from gemkernels.integrations.session_compressor import DEFAULT_SESSION_BYTES, SessionCompressor, log_call, summary
+from gemkernels.integrations.session_compressor import (
+    DEFAULT_SESSION_BYTES,
+    SessionCompressor,
+    log_call,
+    model_thinking,
+    summary,
+)
 
 #: One threshold, as ``SummarizationMiddleware`` writes it: ``("tokens", 20000)``, ``("messages", 60)``,
 #: ``("fraction", 0.5)`` of the model profile's ``max_input_tokens``.
@@ -82,7 +88,8 @@ class GEMMiddleware(AgentMiddleware):
             if not isinstance(view, dict):
                 reason = f"message {position} ({type(messages[position]).__name__}) is {len(view)} OpenAI messages"
                 return request, self.compressor.passthrough(messages, reason, session)
-        kept, stats = self.compressor.compress_views(messages, views, session)
+        model = getattr(request.model, "model", None) or getattr(request.model, "model_name", None)
+        kept, stats = self.compressor.compress_views(messages, views, session, thinking=model_thinking(model))
         log_call(stats)
         if len(kept) == len(messages):
             return request, stats

@@ -31,7 +31,13 @@ from gemkernels.compress.config import GEMConfig
 from gemkernels.compress.encoders import Encoder
 from gemkernels.compress.gem import PASSTHROUGH, CompressionStats
 from gemkernels.compress.sessions import GEM_SESSION_HEADER, request_session
-from gemkernels.integrations.session_compressor import DEFAULT_SESSION_BYTES, SessionCompressor, log_call, summary
+from gemkernels.integrations.session_compressor import (
+    DEFAULT_SESSION_BYTES,
+    SessionCompressor,
+    log_call,
+    model_thinking,
+    summary,
+)
 
 logger = logging.getLogger("gemkernels.integrations")
 
@@ -66,7 +72,7 @@ class GEMCallback(CustomLogger):
             return with_stats(kwargs, self.compressor.passthrough([], NO_MESSAGES_REASON, session))
         views = [message_view(message) for message in messages]
         kept, stats = await asyncio.to_thread(self.compressor.compress_views, messages, views, session, None,
-                                              tenant_of(kwargs))
+                                              tenant_of(kwargs), model_thinking(kwargs.get("model"), kwargs))
         log_call(stats)
         out = with_stats(kwargs, stats)
         if len(kept) != len(messages):

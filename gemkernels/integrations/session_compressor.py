@@ -5,12 +5,20 @@ each call that the integrations put in the framework's logs."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gemkernels.compress.config import GEMConfig, with_overrides
 from gemkernels.compress.encoders import Encoder
-from gemkernels.compress.gem import GEM, PASSTHROUGH, UNCHANGED, Compressed, CompressionStats
+from gemkernels.compress.gem import (
+    GEM,
+    PASSTHROUGH,
+    THINKING_CONTENT,
+    UNCHANGED,
+    Compressed,
+    CompressionStats,
+    anthropic_thinking,
+)
 from gemkernels.compress.sessions import SessionLocks, SessionStore
 
 logger = logging.getLogger("gemkernels.integrations")
@@ -34,21 +42,22 @@ class SessionCompressor:
         self.locks = SessionLocks()
 
     def compress(self, messages: Sequence[Any], session_id: str | None = None, goal: str | None = None,
-                 tenant: str | None = None) -> Compressed:
+                 tenant: str | None = None, thinking: str = "content") -> Compressed:
         """`GEM.compress` of ``messages`` (OpenAI or Anthropic message dicts) in session ``session_id`` of
-        ``tenant`` (None: GEM names the session by the hash of the history's prefix); never raises for bad input
-        and never changes ``messages``."""
+        ``tenant`` (None: GEM names the session by the hash of the history's prefix), ``thinking`` as there; never
+        raises for bad input and never changes ``messages``."""
         with self.locks.of(messages, session_id, tenant):
-            return self.gem.compress(messages, session_id=session_id, goal=goal, tenant=tenant)
+            return self.gem.compress(messages, session_id=session_id, goal=goal, tenant=tenant, thinking=thinking)
 
     def compress_views(self, originals: Sequence[Any], views: Sequence[dict[str, Any]], session_id: str | None = None,
-                       goal: str | None = None, tenant: str | None = None) -> tuple[list[Any], CompressionStats]:
+                       goal: str | None = None, tenant: str | None = None, thinking: str = "content"
+                       ) -> tuple[list[Any], CompressionStats]:
         """Compress ``views`` (one OpenAI-format dict per object of ``originals``, in order) and return the objects
         of ``originals`` whose views were kept (the very objects, in order) with the stats."""
         if len(views) != len(originals):
             return list(originals), self.passthrough(originals, f"{len(views)} message views for {len(originals)} "
                                                      "messages", session_id)
-        out = self.compress(views, session_id=session_id, goal=goal, tenant=tenant)
+        out = self.compress(views, session_id=session_id, goal=goal, tenant=tenant, thinking=thinking)
         position = {id(view): p for p, view in enumerate(views)}
         return [originals[position[id(view)]] for view in out.messages], out.stats
 
@@ -87,3 +96,13 @@ def log_call(stats: CompressionStats) -> None:
     logger.info("gemkernels: session %s: %s, %d -> %d messages, %d -> %d characters in %.0f ms (%s)",
                 stats.session_id, stats.action, stats.messages_before, stats.messages_after, stats.chars_before,
                 stats.chars_after, 1000 * stats.seconds.get("total", 0.0), stats.reason)
+
+
+def model_thinking(model: Any, request: Mapping[str, Any] | None = None) -> str:
+    """`GEM.compress`'s ``thinking`` for a call to ``model`` (a name): a Claude model's (``anthropic/...``, any name
+    with ``claude``, Bedrock's and Vertex's included) is bound by Anthropic's API, `anthropic_thinking` of the
+    ``request`` (``drop`` when it asks ``drop_block``); any other's as its messages show (``content``)."""
+    name = model.lower() if isinstance(model, str) else ""
+    if "claude" not in name and not name.startswith("anthropic/"):
+        return THINKING_CONTENT
+    return anthropic_thinking(request or {})

@@ -17,9 +17,8 @@ import asyncio
 import inspect
 from typing import Any
 
-from gemkernels.compress.gem import GEM
+from gemkernels.compress.gem import GEM, THINKING_CONTENT, anthropic_thinking
 from gemkernels.compress.sessions import request_session
-from gemkernels.serve.formats import MESSAGES
 
 #: The attribute paths whose ``create`` takes ``messages``.
 CREATE_PATHS = (("chat", "completions"), ("messages",))
@@ -54,8 +53,8 @@ class _View:
         if not isinstance(messages, list):
             return kwargs
         session = self._session_id or request_session(kwargs)
-        unbound = {"unbound_thinking": True} if MESSAGES.drops_bound_thinking(kwargs) else {}  # asks for drop_block
-        return {**kwargs, "messages": self._gem.compress(messages, session_id=session, **unbound).messages}
+        mode = anthropic_thinking(kwargs) if self._path == ("messages",) else THINKING_CONTENT  # Anthropic's: bound
+        return {**kwargs, "messages": self._gem.compress(messages, session_id=session, thinking=mode).messages}
 
     def _compressing(self, create: Any) -> Any:
         if inspect.iscoroutinefunction(create) or inspect.iscoroutinefunction(getattr(create, "__wrapped__", None)):

@@ -127,7 +127,7 @@ class ProcessCompressor:
                        message_sizes: Sequence[int] | None = None, tenant: str | None = None,
                        wait_for_encoding: bool = False, save: bool = True,
                        message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None,
-                       unbound_thinking: bool = False) -> Compressed | None:
+                       thinking: str = "content") -> Compressed | None:
         """`Compressor.compress` in the compression process (its encoding budget counted from now); None (the request
         goes out unchanged, the reason counted) while it is down or stopping, when too many compressions wait, when
         the request cannot be sent to it, or when its answer takes the budget and `ANSWER_GRACE_S` more."""
@@ -139,7 +139,7 @@ class ProcessCompressor:
         if len(self.waiting) >= self.config.max_pending:
             return self._unchanged(route, "queue_full")
         arguments = (route, messages, session_id, goal, message_sizes, tenant, wait_for_encoding, save, message_bytes,
-                     started, unbound_thinking)
+                     started, thinking)
         key = next(self.ids)
         try:  # large or unmeasured histories (`POST /v1/gem/compress` has no body bytes) are pickled off the loop
             inline = message_bytes is not None and len(message_bytes[0]) <= INLINE_FRAME_BYTES

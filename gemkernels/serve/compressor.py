@@ -104,10 +104,10 @@ class Compressor:
                        message_sizes: Sequence[int] | None = None, tenant: str | None = None,
                        wait_for_encoding: bool = False, save: bool = True,
                        message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None,
-                       started: float | None = None, unbound_thinking: bool = False) -> Compressed | None:
+                       started: float | None = None, thinking: str = "content") -> Compressed | None:
         """`GEM.compress` in the pool (``message_sizes``: each message's bytes in the body that will go out;
         ``tenant``: whose sessions these are; ``wait_for_encoding``: no encoding budget; ``save=False``: a dry run;
-        ``message_bytes``: the body and each message's byte range in it, and ``unbound_thinking``, `GEM.compress`'s;
+        ``message_bytes``: the body and each message's byte range in it, and ``thinking``, `GEM.compress`'s;
         ``started``: the ``time.monotonic()`` the encoding budget counts from, default now);
         None when the request must go out unchanged for a reason outside GEM."""
         started = time.monotonic() if started is None else started
@@ -121,7 +121,7 @@ class Compressor:
         try:
             result = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._compress, messages, session_id, goal, message_sizes, tenant, deadline, save,
-                message_bytes, unbound_thinking)
+                message_bytes, thinking)
         except Exception:
             logger.exception("gemkernels: compression crashed; forwarding the original request")
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
@@ -137,11 +137,11 @@ class Compressor:
     def _compress(self, messages: Any, session_id: str | None, goal: str | None,
                   message_sizes: Sequence[int] | None, tenant: str | None, deadline: float | None,
                   save: bool, message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None,
-                  unbound_thinking: bool) -> Compressed:
+                  thinking: str) -> Compressed:
         with self.locks.of(messages, session_id, tenant), self.encoder.deadline(deadline):
             return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
                                      tenant=tenant, save=save, message_bytes=message_bytes,
-                                     unbound_thinking=unbound_thinking)
+                                     thinking=thinking)
 
     async def aclose(self) -> None:
         """`close`, off the event loop."""

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gemkernels.compress.gem import THINKING_CONTENT, anthropic_thinking
 from gemkernels.compress.responses_items import is_responses_input
 
 OPENAI_UPSTREAM, ANTHROPIC_UPSTREAM = "openai", "anthropic"
@@ -38,14 +39,10 @@ class ApiFormat:
             return "responses_items"  # GEM would pair it by Responses call_ids, not by this API's tool-call ids
         return None
 
-    def drops_bound_thinking(self, body: Mapping[str, Any]) -> bool:
-        """Whether the request lets Anthropic's API drop thinking blocks whose preceding messages changed
-        (``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``) instead of refusing it."""
-        thinking = body.get("thinking")
-        binding = thinking.get("block_binding") if isinstance(thinking, dict) else None
-        return self.upstream == ANTHROPIC_UPSTREAM and isinstance(binding, dict) and \
-            binding.get("prefix_mismatch_behavior") == "drop_block"
-
+    def thinking_mode(self, body: Mapping[str, Any]) -> str:
+        """How Anthropic thinking binds this request (`GEM.compress`'s ``thinking``): on Anthropic's Messages API
+        as `anthropic_thinking` says (``api``, or ``drop`` for ``drop_block``), elsewhere as the history shows."""
+        return anthropic_thinking(body) if self.upstream == ANTHROPIC_UPSTREAM else THINKING_CONTENT
 
 CHAT_COMPLETIONS = ApiFormat("/v1/chat/completions", "messages", OPENAI_UPSTREAM)
 MESSAGES = ApiFormat("/v1/messages", "messages", ANTHROPIC_UPSTREAM)

@@ -307,7 +307,7 @@ class Proxy:
         written = (text, layout.elements)  # the next request resumes on these bytes
         result = await self.compressor.compress(api.path, history, session, message_sizes=element_sizes(layout),
                                                 tenant=tenant, save=save, message_bytes=written,
-                                                unbound_thinking=api.drops_bound_thinking(body))
+                                                thinking=api.thinking_mode(body))
         try:
             return await self.cut(api, text, body, layout, result, tenant, session, save)
         except Exception:  # the compressor counted the request; the reason it went out as sent is counted here

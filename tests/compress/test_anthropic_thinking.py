@@ -82,7 +82,7 @@ def test_bound_thinking_forwards_an_anthropic_history_whole(thinking_every):
     h = one_loop(40, thinking_every=thinking_every)
     result = gem().compress(h, session_id="s")
     assert result.messages is h and result.stats.action == "unchanged" and result.stats.reason == THINKING_BOUND
-    unbound = gem().compress(h, session_id="s", unbound_thinking=True).stats  # drop_block: compressed
+    unbound = gem().compress(h, session_id="s", thinking="drop").stats  # drop_block: compressed
     assert bool(unbound.removed_blocks) == (thinking_every > 1)  # every block of the one loop thinks: all pinned
     assert gem(thinking_bound=False).compress(h).stats.removed_blocks == unbound.removed_blocks
 
@@ -156,3 +156,76 @@ def test_a_bound_anthropic_history_is_not_even_parsed(monkeypatch):
     h = one_loop(40, thinking_every=1)
     monkeypatch.setattr(gem_module, "parse_history", refuse)
     assert gem().compress(h, session_id="s").stats.reason == THINKING_BOUND
+
+
+def test_a_request_to_anthropics_api_is_bound_before_it_thinks():
+    """``thinking="api"`` (the proxy's /v1/messages, an Anthropic client): bound whatever the history holds, since its
+    next response may think after what it was sent; a text-action history without thinking was cut before (and, once
+    it thought, sent whole: a prefix the model did not write after)."""
+    h = [{"role": "user", "content": "Fix the tests."}]
+    for step in range(30):
+        h += [{"role": "assistant", "content": f"Look.\n```bash\ngrep -rn word{step} src\n```"},
+              {"role": "user", "content": f"<returncode>0</returncode>\n<output>\n{'x' * (40 * step)}\n</output>"}]
+    assert gem().compress(h).stats.removed_blocks  # as its content shows: nothing binds it
+    result = gem().compress(h, thinking="api")
+    assert result.messages is h and result.stats.reason == THINKING_BOUND and result.stats.session_id
+    assert gem(thinking_bound=False).compress(h, thinking="api").stats.removed_blocks
+    with pytest.raises(ValueError, match="thinking must be one of"):
+        gem().compress(h, thinking="maybe")
+
+
+@pytest.mark.parametrize("form", ["reasoning_details", "langchain_reasoning", "langchain_non_standard"])
+def test_other_forms_of_signed_thinking_bind_a_chat_history(form):
+    """OpenRouter's ``reasoning_details`` and LangChain's v1 content blocks carry Anthropic's signed thinking too."""
+    rng = np.random.default_rng(2)
+    h = [{"role": "user", "content": "Fix the failing tests."}]
+    for step in range(30):
+        message = {"role": "assistant", "content": [{"type": "text", "text": f"Step {step}"}], "tool_calls": [
+            {"id": f"c{step}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}
+        if step == 3:
+            if form == "reasoning_details":
+                message["reasoning_details"] = [{"type": "reasoning.text", "text": "plan", "signature": "s"}]
+            elif form == "langchain_reasoning":
+                message["content"].insert(0, {"type": "reasoning", "reasoning": "plan", "extras": {"signature": "s"}})
+            else:
+                message["content"].insert(0, {"type": "non_standard", "value": {"type": "redacted_thinking",
+                                                                                "data": "x"}})
+        output = result(step, rng)["content"][0]["content"]
+        h += [message, {"role": "tool", "tool_call_id": f"c{step}", "content": output}]
+    assert gem().compress(h).stats.reason == THINKING_BOUND
+    plain_reasoning = [dict(m) for m in h]
+    plain_reasoning[7] = {**h[7], "content": [{"type": "reasoning", "reasoning": "plan"}], "reasoning_details": []}
+    assert form == "reasoning_details" or gem().compress(plain_reasoning).stats.removed_blocks  # unsigned: not bound
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_saved_set_without_a_now_pinned_block_gets_it_back(deferred):
+    """Unbound: the first request removes thinking blocks of a finished loop; the client then rewinds past the user turn
+    that ended it, so they are the current loop again. Appending to the saved set (and the encoding budget's deferred
+    path, which appends too) must put them back (the deferred path did not)."""
+    from gemkernels.compress.encoders import EncodingDeferred
+
+    class Deferring(HashEncoder):
+        defer = False
+
+        def encode(self, texts):
+            if self.defer and texts:
+                raise EncodingDeferred("over budget")
+            return super().encode(texts)
+
+    rng = np.random.default_rng(0)
+    blocks = [[assistant(step, rng, step % 3 == 0), result(step, rng)] for step in range(32)]
+    task = [{"role": "user", "content": "Fix the failing tests."}]
+    turn = [{"role": "assistant", "content": [{"type": "text", "text": "Done."}]},
+            {"role": "user", "content": "Now the docs."}]
+    encoder = Deferring(64)
+    compressor = GEM(resolve_config("cache-aware", min_blocks=4, k=3, rewrite_above_blocks=20, repay_factor=None,
+                                    thinking_bound=False), encoder=encoder, token_counter=None)
+    first = compressor.compress(task + sum(blocks[:30], []) + turn + blocks[30], session_id="s")
+    assert any(b % 3 == 0 for b in first.stats.removed_blocks)  # thinking blocks of the finished loop went
+    rewound = task + sum(blocks[:30], []) + blocks[30] + blocks[31]
+    encoder.defer = deferred
+    second = compressor.compress(rewound, session_id="s")
+    assert second.stats.action == "appended"
+    kept = {id(m) for m in second.messages}
+    assert all(id(m) in kept for m in rewound if carries_thinking(m))

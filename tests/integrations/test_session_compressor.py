@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gemkernels.integrations.session_compressor import SessionCompressor
+from gemkernels.integrations.session_compressor import SessionCompressor, model_thinking
 from gemkernels.testing.histories import synthetic_history
 
 
@@ -34,3 +34,19 @@ def test_a_session_without_a_name_and_an_odd_first_message_goes_out_as_sent(task
     messages = [history[0], task, *history[2:]]
     out = SessionCompressor("paper", encoder="hash").compress(messages)
     assert out.messages == messages and out.stats.action == "passthrough"
+
+
+@pytest.mark.parametrize("model, request_fields, mode", [
+    ("anthropic/claude-sonnet-4-5", {}, "api"),
+    ("bedrock/us.anthropic.claude-opus-4-1-v1:0", {}, "api"),
+    ("claude-fable-5-1", {"thinking": {"block_binding": {"prefix_mismatch_behavior": "drop_block"}}}, "drop"),
+    ("gpt-5", {"thinking": {"block_binding": {"prefix_mismatch_behavior": "drop_block"}}}, "content"),
+    (None, {}, "content"),
+])
+def test_a_claude_model_binds_its_calls_history(model, request_fields, mode):
+    """The LiteLLM and LangChain hooks: a call to a Claude model goes to Anthropic's API, whose next response may
+    think after what it was sent (`GEM.compress`'s ``thinking="api"``)."""
+    assert model_thinking(model, request_fields) == mode
+    messages = synthetic_history(40)
+    stats = SessionCompressor("core", encoder="hash").compress(messages, thinking=mode).stats
+    assert (stats.reason.startswith("thinking_bound")) == (mode == "api")

@@ -233,21 +233,29 @@ def test_observe_mode_relays_count_tokens_as_sent_even_with_count_compressed(ups
         server.stop()
 
 
-def test_an_anthropic_history_goes_out_whole_unless_the_request_lets_the_api_drop_bound_thinking(upstreams):
+@pytest.mark.parametrize("process", [False, True])
+def test_an_anthropic_history_goes_out_whole_unless_the_request_lets_the_api_drop_bound_thinking(upstreams, process):
     """Default ``thinking_bound``: a model with preserved thinking refuses thinking whose preceding messages changed,
-    so a Messages history is forwarded as sent; a request asking ``prefix_mismatch_behavior: "drop_block"`` is
-    compressed (old code cut both)."""
+    and may think in any response, so every Messages history is forwarded as sent, one without tool_use parts or
+    thinking yet too; a request asking ``prefix_mismatch_behavior: "drop_block"`` is compressed, in the proxy's
+    process or the compression process (old code cut the first two)."""
     _, anthropic, _, _ = upstreams
-    server = serve(upstreams, overrides=())
-    messages = synthetic_anthropic_history(60, seed=12)
+    server = serve(upstreams, overrides=(), compress_process=process)
+    text_actions = [{"role": "user", "content": "Fix the tests."}]
+    for step in range(40):
+        text_actions += [{"role": "assistant", "content": f"Look.\n```bash\ngrep -rn word{step} src\n```"},
+                         {"role": "user", "content": f"<returncode>0</returncode>\n<output>\n{'x' * (60 * step)}"
+                                                     "\n</output>"}]
     try:
-        headers = {"x-api-key": "k4", "x-claude-code-session-id": "cc-4"}
-        plain = json.dumps({"model": "claude", "messages": messages}).encode()
-        httpx.post(server.url + "/v1/messages", content=plain, headers=headers)
-        assert last(anthropic, "/v1/messages").raw == plain
-        thinking = {"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
-        dropping = json.dumps({"model": "claude", "thinking": thinking, "messages": messages}).encode()
-        httpx.post(server.url + "/v1/messages", content=dropping, headers={**headers, "x-claude-code-session-id": "5"})
-        assert len(json.loads(last(anthropic, "/v1/messages").raw)["messages"]) < len(messages)
+        for n, messages in enumerate((synthetic_anthropic_history(60, seed=12), text_actions)):
+            headers = {"x-api-key": "k4", "x-claude-code-session-id": f"cc-4-{process}-{n}"}
+            plain = json.dumps({"model": "claude", "messages": messages}).encode()
+            httpx.post(server.url + "/v1/messages", content=plain, headers=headers)
+            assert last(anthropic, "/v1/messages").raw == plain
+            thinking = {"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
+            dropping = json.dumps({"model": "claude", "thinking": thinking, "messages": messages}).encode()
+            headers["x-claude-code-session-id"] += "-drop"
+            httpx.post(server.url + "/v1/messages", content=dropping, headers=headers)
+            assert len(json.loads(last(anthropic, "/v1/messages").raw)["messages"]) < len(messages)
     finally:
         server.stop()

@@ -33,6 +33,7 @@ from gemkernels.serve.client_wrap import wrap  # noqa: E402
 from gemkernels.serve.serving import session_of  # noqa: E402
 from gemkernels.serve.upstreams import upstream_url  # noqa: E402
 from gemkernels.testing.fake_upstream import HANG_S, FakeUpstream, ServerThread  # noqa: E402
+from gemkernels.testing.histories import synthetic_anthropic_history  # noqa: E402
 
 MESSAGES = json.loads(EXAMPLE.read_text())["messages"]
 # The concurrency contract is stated for 100 sessions x 20 requests; the default is 20 x 5 so the file runs in
@@ -363,7 +364,7 @@ def test_the_proxy_and_the_client_wrapper_read_the_same_session(body, session):
     seen = []
 
     class Recorder:
-        def compress(self, messages, session_id=None):
+        def compress(self, messages, session_id=None, thinking="content"):
             seen.append(session_id)
             return type("C", (), {"messages": messages})()
 
@@ -406,3 +407,20 @@ def test_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrides, bac
     with caplog.at_level(logging.ERROR, logger="gemkernels.serve"), TestClient(create_app(config)) as client:
         assert client.get("/healthz").status_code == 200
     assert f"could not compile the {backend} selection kernels" in caplog.text and len(calls) == 2
+
+
+def test_wrap_binds_an_anthropic_clients_history_unless_it_asks_drop_block():
+    """``client.messages.create`` goes to Anthropic's API: its history is forwarded whole under ``thinking_bound``
+    (a response may think after it), and compressed when the call asks ``drop_block``; chat completions as before."""
+    class Messages:
+        def create(self, **kwargs):
+            return kwargs
+
+    client = type("Anthropic", (), {"messages": Messages()})()
+    gem = gk.GEM(with_overrides("core", ()), encoder="hash", token_counter=None)
+    history = synthetic_anthropic_history(40, seed=3)
+    sent = wrap(client, gem=gem).messages.create(model="claude", messages=history)["messages"]
+    assert sent is history
+    drop = {"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
+    sent = wrap(client, gem=gem).messages.create(model="claude", messages=history, thinking=drop)["messages"]
+    assert len(sent) < len(history)
