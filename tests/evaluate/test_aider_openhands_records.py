@@ -252,15 +252,19 @@ START = [{"id": 0, "source": "agent", "action": "system", "args": {"content": "Y
          {"id": 1, "source": "user", "action": "message", "args": {"content": "Fix calc.py."}}]
 
 
-def test_openhands_actions_with_empty_response_ids_are_each_a_call(tmp_path):
+@pytest.mark.parametrize("response_id", ["", "resp-fixed"])
+def test_openhands_back_to_back_responses_sharing_an_id_are_each_a_call(tmp_path, response_id):
+    """Responses with an empty id, or a server that gives every response one id: the next response's action names a
+    call the open message does not have, so it gives its own (it used to join the first one and be dropped, its
+    result an orphan)."""
     run = events_run(tmp_path, START + [
-        action(2, "call_a", "", "ls", usage=(100, 10)), observation(3, 2, "call_a", "calc.py"),
-        action(4, "call_b", "", "cat calc.py", usage=(150, 12)), observation(5, 4, "call_b", "x = 1")])
+        action(2, "call_a", response_id, "ls", usage=(100, 10)), observation(3, 2, "call_a", "calc.py"),
+        action(4, "call_b", response_id, "cat calc.py", usage=(150, 12)), observation(5, 4, "call_b", "x = 1")])
     assert [[a.call_id for a in c.actions] for c in run.calls] == [["call_a"], ["call_b"]]
     assert [json.loads(a.arguments) for c in run.calls for a in c.actions] == [{"command": "ls"},
                                                                               {"command": "cat calc.py"}]
     check_pairing(run, ["call_a", "call_b"])
-    assert run.usage == Usage(250, 0, 0, 22)  # each response billed once
+    assert run.orphans == 0 and run.usage == Usage(250, 0, 0, 22)  # each response billed once
 
 
 def test_openhands_response_id_reused_after_other_messages_is_a_new_call(tmp_path):
@@ -283,19 +287,6 @@ def test_openhands_actions_of_one_response_still_share_its_call(tmp_path):
         assert [[a.call_id for a in c.actions] for c in run.calls] == [both], repr(response_id)
         check_pairing(run, both)
         assert run.usage == Usage(100, 0, 0, 10)
-
-
-def test_openhands_responses_sharing_a_fixed_id_back_to_back_are_each_a_call(tmp_path):
-    """A server that gives every response one id: the next response's action names a call the open message does not
-    have, so it gives its own (it used to join the first one and be dropped, its result an orphan)."""
-    run = events_run(tmp_path, START + [
-        action(2, "call_a", "resp-fixed", "ls", usage=(100, 10)), observation(3, 2, "call_a", "calc.py"),
-        action(4, "call_b", "resp-fixed", "cat calc.py", usage=(150, 12)), observation(5, 4, "call_b", "x = 1")])
-    assert [[a.call_id for a in c.actions] for c in run.calls] == [["call_a"], ["call_b"]]
-    assert [json.loads(a.arguments) for c in run.calls for a in c.actions] == [{"command": "ls"},
-                                                                              {"command": "cat calc.py"}]
-    check_pairing(run, ["call_a", "call_b"])
-    assert run.orphans == 0 and run.usage == Usage(250, 0, 0, 22)
 
 
 @pytest.mark.parametrize(("between", "text"), [
