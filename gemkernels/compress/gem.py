@@ -266,7 +266,7 @@ class GEM:
                   message_sizes: Sequence[int] | None, tenant: str | None, save: bool,
                   message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None, thinking: str) -> Compressed:
         cfg = self.config
-        if thinking == THINKING_API or thinking == THINKING_CONTENT and is_anthropic_messages(messages):  # unparsed
+        if thinking == THINKING_API:  # whole, so not even read
             return self._bound(messages, session_id, started)
         history = keys = call_ids = written = None
         if session_id is not None and isinstance(messages, (list, tuple)):  # the last request's parse may go on
@@ -277,7 +277,9 @@ class GEM:
             if last is not None and last.parsed is not None:
                 history, keys, call_ids = (resume(last.parsed, messages, written, self._identities, self.text_actions)
                                            or (None,) * 3)
-        if history is None:
+        if history is None:  # a resumed parse knows its format; a bound Anthropic history saves none, so comes here
+            if thinking == THINKING_CONTENT and is_anthropic_messages(messages):  # whole, so not parsed
+                return self._bound(messages, session_id, started)
             history = parse_history(messages, text_actions=self.text_actions)
         if message_sizes is not None and len(message_sizes) != len(history.messages):
             return self._passthrough(messages, f"{len(message_sizes)} message sizes for {len(history.messages)} "
@@ -364,7 +366,7 @@ class GEM:
         select_seconds = time.perf_counter() - select_started
         other = self._other_tokens(history)
         forwarded, reason = self._ceiling(history, forwarded, sizes, other, core, seeds, reason, pinned)
-        forwarded |= set(pinned)  # a rewrite's guard may leave a seed out; the API needs these
+        forwarded |= set(pinned)  # an appended saved set may lack them (a rewind made them the current loop again)
 
         out = reconstruct(history, forwarded)
         if save:  # the cache holds exactly this request's blocks when it extended the last one's

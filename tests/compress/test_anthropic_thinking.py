@@ -229,3 +229,24 @@ def test_a_saved_set_without_a_now_pinned_block_gets_it_back(deferred):
     assert second.stats.action == "appended"
     kept = {id(m) for m in second.messages}
     assert all(id(m) in kept for m in rewound if carries_thinking(m))
+
+
+def test_a_resumed_parse_is_not_read_again_for_its_format(monkeypatch):
+    """A session's next request resumes its parse, which knows the format: the whole history is not scanned again
+    to find out whether it is an Anthropic one (a pass over every message on each request)."""
+    import gemkernels.compress.gem as gem_module
+
+    calls = []
+    real = gem_module.is_anthropic_messages
+    monkeypatch.setattr(gem_module, "is_anthropic_messages", lambda messages: calls.append(1) or real(messages))
+    rng = np.random.default_rng(3)
+    h = [{"role": "user", "content": "Fix the failing tests."}]
+    for step in range(30):
+        h += [{"role": "assistant", "content": f"Step {step}", "tool_calls": [
+            {"id": f"c{step}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": f"c{step}", "content": result(step, rng)["content"][0]["content"]}]
+    compressor = gem()
+    compressor.compress(h[:-2], session_id="s")
+    assert calls == [1]
+    assert compressor.compress(h, session_id="s").stats.action in ("appended", "reselected")
+    assert calls == [1]
