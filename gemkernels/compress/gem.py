@@ -22,6 +22,7 @@ import numpy as np
 from gemkernels.compress.blocks import (
     ANTHROPIC,
     RESPONSES,
+    Block,
     BlockStructureError,
     History,
     Span,
@@ -54,6 +55,7 @@ from gemkernels.compress.router import Router, call_signature, load_router, requ
 from gemkernels.compress.router.features import superseded
 from gemkernels.compress.router.ranking import retrieval_scores, router_order
 from gemkernels.compress.sessions import (
+    PendingAnalysis,
     SessionConflict,
     SessionState,
     SessionStore,
@@ -73,6 +75,13 @@ UNSAVED = "; the session's state was not saved"
 NO_LEXICON = Lexicon(EMPTY, EMPTY)  # a block's, under a config that reads no lexicon
 
 PASSTHROUGH, UNCHANGED, RESELECTED, APPENDED = "passthrough", "unchanged", "reselected", "appended"
+#: How the reason of a request that went out before its blocks were encoded, or analysed, begins.
+ENCODING_DEFERRED, ANALYSIS_DEFERRED = "encoding deferred", "analysis deferred"
+
+
+class AnalysisDeferred(EncodingDeferred):
+    """A request's deadline passed while its blocks were analysed; what it analysed waits for its session's next
+    request (`PendingAnalysis`)."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +201,7 @@ class GEM:
         self.ranks_lexicons = cfg.ranking == "router" and not self.reads_lexicons
         self.encoder = make_encoder(encoder) if isinstance(encoder, str) else encoder
         self.store = store if store is not None else SessionStore()  # an empty store is falsy (__len__)
+        self.pending = PendingAnalysis()  # what deferred requests analysed, for their sessions' next requests
         # block identities: Python's hash for a store in this process, one every process computes for a shared one
         self.digest = stable_digest if getattr(self.store, "shared", False) else local_digest
         self.count_tokens = default_token_counter() if token_counter == "auto" else token_counter
@@ -205,7 +215,7 @@ class GEM:
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None,
                  message_sizes: Sequence[int] | None = None, tenant: str | None = None,
                  save: bool = True, message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None,
-                 thinking: str = "content") -> Compressed:
+                 thinking: str = "content", deadline: float | None = None) -> Compressed:
         """Compress one request; never raises for bad input, never mutates ``messages``.
 
         ``tenant``: whose session this is (a proxy passes a hash of the caller's credential): sessions of two
@@ -225,7 +235,12 @@ class GEM:
         (an Anthropic history, or one carrying thinking); ``api``, bound whatever its messages hold (it goes to
         Anthropic's Messages API, whose next response may think); ``drop``, not bound (the request lets the API drop
         a thinking block whose preceding messages changed: ``prefix_mismatch_behavior: "drop_block"``).
-        ``thinking_bound=False`` in the config makes every request unbound."""
+        ``thinking_bound=False`` in the config makes every request unbound.
+
+        ``deadline``: a ``time.monotonic()`` past which the request stops analysing blocks (token counts, evidence
+        features, the router's lexicons) and goes out as one whose encoding was deferred does: the session's saved
+        forwarded set with the new blocks appended, else unchanged, the session left as it was; what it analysed
+        waits for the session's next request, and `prepare` does the rest."""
         started = time.perf_counter()
         if thinking not in THINKING_MODES:
             raise ValueError(f"thinking must be one of {', '.join(THINKING_MODES)}, got {thinking!r}")
@@ -233,10 +248,10 @@ class GEM:
         try:
             try:
                 return self._compress(messages, session_id, goal, started, message_sizes, tenant, save,
-                                      message_bytes, mode)
+                                      message_bytes, mode, deadline)
             except SessionConflict:  # another request of the session saved first: once more, from its state
                 return self._compress(messages, session_id, goal, started, message_sizes, tenant, save,
-                                      message_bytes, mode)
+                                      message_bytes, mode, deadline)
         except BlockStructureError as err:
             return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
         except (SessionConflict, StoreUnavailable) as err:  # a shared store's, expected: no traceback each
@@ -244,6 +259,35 @@ class GEM:
         except Exception as err:  # the request must go out whatever happened here
             logger.exception("gemkernels: compression failed; forwarding the original request")
             return self._passthrough(messages, f"{type(err).__name__}: {err}", session_id, started)
+
+    def prepare(self, messages: Any, session_id: str | None = None, tenant: str | None = None) -> int:
+        """Analyse the blocks of ``messages`` that its session's saved state lacks (and read their lexicons where
+        the router ranks) into the session's pending analysis: what a request that went out deferred left undone
+        (`compress`'s ``deadline``), done after it so that the session's next request need not wait for it. The
+        session state is left as it was. Returns the blocks held pending; 0 when there is nothing to analyse or
+        anything goes wrong (logged)."""
+        try:
+            return self._prepare(messages, session_id, tenant)
+        except Exception:
+            logger.exception("gemkernels: could not analyse a deferred request's blocks ahead of its next request")
+            return 0
+
+    def _prepare(self, messages: Any, session_id: str | None, tenant: str | None) -> int:
+        history = parse_history(messages, text_actions=self.text_actions)
+        if len(history.spans) < self.config.min_blocks:
+            return 0
+        store_key = session_key(session_id or prefix_session_id(history), tenant)
+        local_get = getattr(self.store, "local_get", None)  # a shared store's copy in this process: no round trip
+        state = local_get(store_key) if local_get is not None else self.store.get(store_key)
+        saved = {} if state is None else state.block_cache
+        keys = self._identities(history.format, messages, history.spans)
+        cache = dict(saved)
+        infos, _ = self._block_infos(history, keys, cache, 0, None, store_key)
+        if self.ranks_lexicons:
+            infos = list(self._read_lexicons(BlockColumns.of(infos), history, keys, cache, None, store_key).infos)
+        fresh = {key: info for key, info in zip(keys, infos) if saved.get(key) is not info}
+        self.pending.add(store_key, fresh)
+        return len(fresh)
 
     def _bound(self, messages: Any, session_id: str | None, started: float, blocks: int = 0) -> Compressed:
         """``messages`` unchanged: their thinking is or may become bound to every message before it
@@ -264,7 +308,8 @@ class GEM:
 
     def _compress(self, messages: Any, session_id: str | None, goal: str | None, started: float,
                   message_sizes: Sequence[int] | None, tenant: str | None, save: bool,
-                  message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None, thinking: str) -> Compressed:
+                  message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None, thinking: str,
+                  deadline: float | None) -> Compressed:
         cfg = self.config
         if thinking == THINKING_API:  # whole, so not even read
             return self._bound(messages, session_id, started)
@@ -307,12 +352,12 @@ class GEM:
         encode_started = time.perf_counter()
         try:
             start = seen if prior is not None else 0
-            new_infos, encoded = self._block_infos(history, keys, cache, start)
+            new_infos, encoded = self._block_infos(history, keys, cache, start, deadline, store_key)
             columns = prior.extended(new_infos) if prior is not None else BlockColumns.of(new_infos)
             task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
         except EncodingDeferred as err:
-            return self._deferred(history, keys, state, session_id, f"encoding deferred: {err}", started,
-                                  message_sizes)
+            why = ANALYSIS_DEFERRED if isinstance(err, AnalysisDeferred) else ENCODING_DEFERRED
+            return self._deferred(history, keys, state, session_id, f"{why}: {err}", started, message_sizes)
         infos, embeddings, sizes = columns.infos, columns.embeddings, columns.sizes
         encode_seconds = time.perf_counter() - encode_started
 
@@ -346,18 +391,23 @@ class GEM:
         def rewritten() -> tuple[set[int], list[int], float | None]:
             nonlocal columns
             if cfg.ranking == "router":  # its live references read the held index: brought up to date, then kept
-                columns = self._read_lexicons(columns, history, keys, cache).indexed()
+                columns = self._read_lexicons(columns, history, keys, cache, deadline, store_key).indexed()
             return self._rewrite(columns, block_chars, seeds, eligible, chars_before, task_embedding)
 
         rewrite: tuple[set[int], list[int], float | None] | None = None
-        if reason is None and cfg.repay_factor is not None and could_repay(
-                appended, least_core_tokens(sizes, seeds, eligible, cfg), sizes, cfg):
-            rewrite = rewritten()
-            reason = repay_reason(appended, rewrite[0], sizes, cfg)
         core: list[int] = []
         coverage = None
+        try:
+            if reason is None and cfg.repay_factor is not None and could_repay(
+                    appended, least_core_tokens(sizes, seeds, eligible, cfg), sizes, cfg):
+                rewrite = rewritten()
+                reason = repay_reason(appended, rewrite[0], sizes, cfg)
+            if reason is not None:
+                forwarded, core, coverage = rewrite or rewritten()
+        except AnalysisDeferred as err:
+            return self._deferred(history, keys, state, session_id, f"{ANALYSIS_DEFERRED}: {err}", started,
+                                  message_sizes)
         if reason is not None:
-            forwarded, core, coverage = rewrite or rewritten()
             action, selected_at = RESELECTED, n
         else:
             forwarded, action = appended, APPENDED
@@ -372,6 +422,7 @@ class GEM:
         if save:  # the cache holds exactly this request's blocks when it extended the last one's
             block_cache = cache if len(cache) == n else dict(zip(keys, columns.infos))
             parsed = written.parsed(history, keys, call_ids) if written is not None else None
+            self.pending.discard(store_key)  # the state now holds its blocks' analyses
             try:
                 self.store.put(store_key, SessionState(
                     keys, frozenset(map(keys.__getitem__, forwarded)), goal_key, selected_at, block_cache,
@@ -458,17 +509,29 @@ class GEM:
         return forwarded - set(dropped), reason + note
 
     def _read_lexicons(self, columns: BlockColumns, history: History, keys: Sequence[Hashable],
-                       cache: dict[Hashable, BlockInfo]) -> BlockColumns:
-        """``columns`` with the lexicon of every block that has none yet read from ``history``, their infos
-        replaced in ``cache`` too (the session keeps them)."""
+                       cache: dict[Hashable, BlockInfo], deadline: float | None = None,
+                       session: str | None = None) -> BlockColumns:
+        """``columns`` with the lexicon of every block that has none yet, pending for ``session`` or read from
+        ``history``, their infos replaced in ``cache`` too (the session keeps them); past ``deadline``, those read
+        so far wait as pending and `AnalysisDeferred` is raised."""
         missing = [b for b, lexicon in enumerate(columns.lexicons) if lexicon is None]
         if not missing:
             return columns
-        infos, lexicons, added = list(columns.infos), list(columns.lexicons), 0
+        pending = self.pending.get(session) if session is not None else {}
+        infos, lexicons, added, read = list(columns.infos), list(columns.lexicons), 0, {}
         for b in missing:
-            block = history.block(b)
-            lexicons[b] = block_lexicon(block, block_text(block, self.config.max_text_chars))
+            held = pending.get(keys[b])
+            if held is not None and held.lexicon is not None:
+                lexicons[b] = held.lexicon
+            else:
+                if deadline is not None and time.monotonic() > deadline:
+                    if session is not None:
+                        self.pending.add(session, read)
+                    raise AnalysisDeferred(f"{len(read)} of {len(missing)} lexicons read at the deadline")
+                block = history.block(b)
+                lexicons[b] = block_lexicon(block, block_text(block, self.config.max_text_chars))
             infos[b] = replace(infos[b], lexicon=lexicons[b], nbytes=infos[b].nbytes + lexicons[b].nbytes)
+            read[keys[b]] = infos[b]
             added += lexicons[b].nbytes
             if keys[b] in cache:
                 cache[keys[b]] = infos[b]
@@ -502,10 +565,16 @@ class GEM:
         return set(range(n)) - dropped, core, coverage
 
     def _block_infos(self, history: History, keys: Sequence[Hashable], cache: dict[Hashable, BlockInfo],
-                     start: int = 0) -> tuple[list[BlockInfo], int]:
-        """The infos of blocks ``start`` onwards, cached or computed (new blocks encoded in one batch): (infos,
-        newly encoded)."""
+                     start: int = 0, deadline: float | None = None, session: str | None = None
+                     ) -> tuple[list[BlockInfo], int]:
+        """The infos of blocks ``start`` onwards, cached, pending for ``session`` or computed (new blocks encoded
+        in one batch): (infos, newly encoded). Past ``deadline`` (`time.monotonic`), those computed so far wait as
+        pending and `AnalysisDeferred` is raised."""
         new_ids = [b for b in range(start, len(keys)) if keys[b] not in cache]
+        if new_ids and session is not None:
+            pending = self.pending.get(session)
+            cache.update((keys[b], pending[keys[b]]) for b in new_ids if keys[b] in pending)
+            new_ids = [b for b in new_ids if keys[b] not in cache]
         new = [history.block(b) for b in new_ids]
         if new:
             texts = [block_text(block, self.config.max_text_chars) for block in new]
@@ -514,19 +583,28 @@ class GEM:
                 raise ValueError(f"encoder {self.encoder.name} returned unusable embeddings "
                                  f"(shape {embeddings.shape}, expected {(len(new), self.encoder.dim)}, "
                                  "or not finite)")
+            done: dict[Hashable, BlockInfo] = {}
             for b, block, embedding, text in zip(new_ids, new, embeddings, texts):
-                messages = [history.messages[p] for p in block.positions]
-                lexicon = (block_lexicon(block, text) if self.reads_lexicons
-                           else None if self.ranks_lexicons else NO_LEXICON)
-                features = block_features(block)
-                cache[keys[b]] = BlockInfo(
-                    chars=sum(serialised_chars(m) for m in messages),
-                    tokens=None if self.count_tokens is None else sum(
-                        self.count_tokens(serialise(m)) for m in messages),
-                    features=features, embedding=embedding, nbytes=block_nbytes(keys[b], embedding, features, lexicon),
-                    tools=tuple(dict.fromkeys(action.name for action in block.actions)), lexicon=lexicon,
-                    signature=call_signature(block))
+                if deadline is not None and time.monotonic() > deadline:
+                    if session is not None:
+                        self.pending.add(session, done)
+                    raise AnalysisDeferred(f"{len(done)} of {len(new)} new blocks analysed at the deadline")
+                done[keys[b]] = self._block_info(history, block, keys[b], embedding, text)
+            cache.update(done)
         return [cache[key] for key in keys[start:]], len(new)
+
+    def _block_info(self, history: History, block: Block, key: Hashable, embedding: np.ndarray,
+                    text: str) -> BlockInfo:
+        """A new block's `BlockInfo` (``text``: its representation, ``embedding``: that text's)."""
+        messages = [history.messages[p] for p in block.positions]
+        lexicon = block_lexicon(block, text) if self.reads_lexicons else None if self.ranks_lexicons else NO_LEXICON
+        features = block_features(block)
+        return BlockInfo(
+            chars=sum(serialised_chars(m) for m in messages),
+            tokens=None if self.count_tokens is None else sum(self.count_tokens(serialise(m)) for m in messages),
+            features=features, embedding=embedding, nbytes=block_nbytes(key, embedding, features, lexicon),
+            tools=tuple(dict.fromkeys(action.name for action in block.actions)), lexicon=lexicon,
+            signature=call_signature(block))
 
 
 def check_router(router: Router, encoder: str) -> None:

@@ -109,6 +109,56 @@ class SessionStore:
             return len(self._items)
 
 
+#: What `PendingAnalysis` holds at most by default: 64 MiB.
+DEFAULT_PENDING_BYTES = 64 << 20
+
+
+class PendingAnalysis:
+    """Per session, block analyses (block identity -> a value with ``nbytes``) that a request computed but did not
+    save, having gone out before its analysis finished, and those the work after it added: the session's next
+    request takes them up. The least recently touched sessions go first past ``max_bytes``; thread-safe."""
+
+    def __init__(self, max_bytes: int = DEFAULT_PENDING_BYTES):
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._items: OrderedDict[str, dict[Hashable, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, session: str) -> dict[Hashable, Any]:
+        """A copy of the session's pending analyses (empty when none)."""
+        with self._lock:
+            held = self._items.get(session)
+            if held is None:
+                return {}
+            self._items.move_to_end(session)
+            return dict(held)
+
+    def add(self, session: str, values: Mapping[Hashable, Any]) -> None:
+        """Hold ``values`` for ``session`` (replacing what it held under the same identities)."""
+        if not values:
+            return
+        with self._lock:
+            held = self._items.pop(session, {})
+            for key, value in values.items():
+                old = held.get(key)
+                self.nbytes += value.nbytes - (old.nbytes if old is not None else 0)
+                held[key] = value
+            self._items[session] = held
+            while self._items and self.nbytes > self.max_bytes:
+                self.nbytes -= sum(value.nbytes for value in self._items.popitem(last=False)[1].values())
+
+    def discard(self, session: str) -> None:
+        """Forget the session's pending analyses (its state now holds what it needs)."""
+        with self._lock:
+            held = self._items.pop(session, None)
+            if held:
+                self.nbytes -= sum(value.nbytes for value in held.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
 class SessionLocks:
     """``stripes`` locks, one taken per session, so that a session's requests are compressed one at a time (two
     sessions may share a lock: it only orders them). A request without a session id is named by its first two

@@ -1,6 +1,7 @@
 """`Compressor`: GEM behind the proxy, in a bounded worker pool, one compression per session at a time, with the
-selections of concurrent requests batched, block encoding fair between requests and bounded in time, and the
-selection kernels compiled before serving."""
+selections of concurrent requests batched, block encoding fair between requests, encoding and analysis bounded in
+time (what a request left undone finished after it, for its session's next request), and the selection kernels
+compiled before serving."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from gemkernels.compress.config import GEMConfig, with_overrides
 from gemkernels.compress.encoders import Encoder, make_encoder
-from gemkernels.compress.gem import GEM, PASSTHROUGH, Compressed
+from gemkernels.compress.gem import ANALYSIS_DEFERRED, ENCODING_DEFERRED, GEM, PASSTHROUGH, Compressed
 from gemkernels.compress.sessions import SessionLocks, SessionStore, StateStore
 from gemkernels.select.api import warm_up
 from gemkernels.serve.batching import SelectionBatcher
@@ -62,8 +63,9 @@ class Compressor:
 
     ``compress`` returns None when the request must go out unchanged for a reason outside GEM
     (queue full, unexpected error); GEM's own passthroughs come back as its `Compressed`. A request waits for its
-    blocks' embeddings until ``encode_budget`` seconds after it reached ``compress`` at most, then goes out on
-    the append path or unchanged (`GEM` on `EncodingDeferred`) while they finish encoding for its next call."""
+    blocks' embeddings and analysis until ``encode_budget`` seconds after it reached ``compress`` at most, then goes
+    out on the append path or unchanged (GEM's ``deadline``) while they finish encoding, and one thread analyses
+    what it left (`GEM.prepare`, a session at a time, ``max_pending`` at most waiting), for its next call."""
 
     def __init__(self, config: ServerConfig, metrics: Metrics):
         self.metrics, self.max_pending, self.workers = metrics, config.max_pending, config.threads
@@ -80,6 +82,8 @@ class Compressor:
                                      observer=metrics.observe_batch)
         self.gem = make_gem(config, self.selector, self.encoder, store)
         self.executor = ThreadPoolExecutor(config.threads, thread_name_prefix="gem-compress")
+        self.preparer = ThreadPoolExecutor(1, thread_name_prefix="gem-prepare")
+        self.preparing: set[tuple[str | None, str | None]] = set()  # sessions whose deferred work is queued
         self.locks = SessionLocks()
 
     @property
@@ -122,6 +126,8 @@ class Compressor:
             result = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._compress, messages, session_id, goal, message_sizes, tenant, deadline, save,
                 message_bytes, thinking)
+            if save and result.stats.reason.startswith((ENCODING_DEFERRED, ANALYSIS_DEFERRED)):
+                self.prepare(messages, session_id or result.stats.session_id, tenant)
         except Exception:
             logger.exception("gemkernels: compression crashed; forwarding the original request")
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
@@ -141,15 +147,26 @@ class Compressor:
         with self.locks.of(messages, session_id, tenant), self.encoder.deadline(deadline):
             return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
                                      tenant=tenant, save=save, message_bytes=message_bytes,
-                                     thinking=thinking)
+                                     thinking=thinking, deadline=deadline)
+
+    def prepare(self, messages: Any, session_id: str | None, tenant: str | None) -> None:
+        """Queue `GEM.prepare` of a deferred request's history on the preparing thread, unless its session's is
+        queued already or ``max_pending`` are."""
+        session = (tenant, session_id)
+        if session in self.preparing or len(self.preparing) >= self.max_pending:
+            return
+        self.preparing.add(session)
+        future = self.preparer.submit(self.gem.prepare, messages, session_id, tenant)
+        future.add_done_callback(lambda _: self.preparing.discard(session))
 
     async def aclose(self) -> None:
         """`close`, off the event loop."""
         await asyncio.to_thread(self.close)
 
     def close(self) -> None:
-        """Finish queued compressions, then stop the batchers."""
+        """Finish queued compressions, drop queued preparations, then stop the batchers."""
         self.executor.shutdown(wait=True)
+        self.preparer.shutdown(wait=True, cancel_futures=True)
         self.selector.close()
         self.encoder.close()
         if self.close_store is not None:

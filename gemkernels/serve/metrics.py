@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gemkernels.compress.gem import PASSTHROUGH, UNSAVED, Compressed
+from gemkernels.compress.gem import ANALYSIS_DEFERRED, ENCODING_DEFERRED, PASSTHROUGH, UNSAVED, Compressed
 
 LATENCY_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1)
 #: The variable naming the multiprocess directory; prometheus_client reads it when it is imported.
@@ -61,8 +61,8 @@ class Metrics:
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
         self.batch_seconds = Histogram("gem_batch_seconds", "Seconds per batched call", ["kind"], registry=r,
                                        buckets=LATENCY_BUCKETS)
-        self.deferred = Counter("gem_encoding_deferred", "Requests sent on before their blocks were encoded",
-                                registry=r)
+        self.deferred = Counter("gem_encoding_deferred", "Requests sent on before their blocks were encoded or "
+                                "analysed", registry=r)
         self.sessions = Gauge("gem_sessions", "Sessions held in GEM's store (summed over workers)",
                               registry=r, multiprocess_mode="livesum")
         self.pending = Gauge("gem_pending_compressions", "Compressions queued or running", registry=r,
@@ -96,7 +96,7 @@ class Metrics:
         self.requests.labels(route, stats.action).inc()
         if stats.action == PASSTHROUGH:
             self.passthroughs.labels(passthrough_reason(stats.reason)).inc()
-        if stats.reason.startswith("encoding deferred"):
+        if stats.reason.startswith((ENCODING_DEFERRED, ANALYSIS_DEFERRED)):
             self.deferred.inc()
         if stats.action != PASSTHROUGH and UNSAVED in stats.reason:  # a passthrough's reason may quote a client
             self.store_unsaved.inc()
@@ -114,8 +114,10 @@ def passthrough_reason(reason: str) -> str:
     """A GEM passthrough reason as a low-cardinality label."""
     if reason.startswith("invalid structure"):
         return "invalid_structure"
-    if reason.startswith("encoding deferred"):
+    if reason.startswith(ENCODING_DEFERRED):
         return "encoding_deferred"
+    if reason.startswith(ANALYSIS_DEFERRED):
+        return "analysis_deferred"
     if reason.startswith("QueueFullError"):
         return "queue_full"
     if reason.startswith("StoreUnavailable"):

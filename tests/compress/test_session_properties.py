@@ -104,7 +104,7 @@ def sessions(draw) -> list[tuple[str, bool]]:
             p = (draw(st.sampled_from(now.other_positions)) if op == "trim_plain" else
                  max(now.other_positions, key=lambda p: len(json.dumps(history[p]))))
             history = history[:p] + history[p + 1:]
-        elif op == "edit":
+        elif op == "edit" and history:
             history = copy.deepcopy(history)
             message = history[draw(st.integers(0, len(history) - 1))]
             if isinstance(message.get("content"), str):
