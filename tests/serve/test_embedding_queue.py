@@ -1,9 +1,10 @@
 """`EncodingQueue` and the encoding budget: the same rows as the wrapped encoder, fair between calls, bounded in
-time, queue and memory; GEM on `EncodingDeferred`; and through the proxy, a 1,000-block request does not delay a
-warm session (DESIGN.md §5)."""
+time, queue and memory; GEM on `EncodingDeferred`; through the proxy, a 1,000-block request does not delay a
+warm session; and the budget bounds a request's analysis too, the rest prepared for its next (DESIGN.md §5)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -274,3 +275,54 @@ def test_a_text_the_encoder_rejects_fails_only_its_own_call_not_the_others_in_it
     finally:
         gate.set()
         queue.close()
+
+
+def test_a_request_waits_for_its_blocks_analysis_no_longer_than_the_budget_and_the_rest_is_prepared(monkeypatch):
+    """A 300-block first request whose analysis takes 1.5 s (5 ms a block's features) with a 0.3 s budget goes out
+    unchanged at its budget; the preparing thread analyses every block, so the session's next request analyses
+    none of them and is compressed as a GEM that waited would compress it."""
+    pytest.importorskip("prometheus_client")
+    from gemkernels.compress import gem as gem_module
+    from gemkernels.serve.compressor import Compressor
+    from gemkernels.serve.config import ServerConfig
+    from gemkernels.serve.metrics import Metrics
+    from gemkernels.testing.histories import synthetic_history
+
+    features = gem_module.block_features
+    analysed: list[object] = []
+
+    def slow_features(block):
+        analysed.append(block)
+        time.sleep(0.005)
+        return features(block)
+
+    monkeypatch.setattr(gem_module, "block_features", slow_features)
+    history = synthetic_history(300, seed=7)
+    grown = history + synthetic_history(301, seed=7)[-2:]
+    config = ServerConfig(upstream="http://127.0.0.1:9", encoder="hash", preset="paper", encode_budget=0.3,
+                          overrides=("min_blocks=16",))
+    metrics = Metrics()
+    compressor = Compressor(config, metrics)
+
+    async def run() -> tuple[float, object, object]:
+        started = time.monotonic()
+        first = await compressor.compress("/v1/chat/completions", history, "s", tenant="t")
+        seconds = time.monotonic() - started
+        await asyncio.to_thread(wait_until, lambda: not compressor.preparing, 30)
+        analysed.clear()
+        second = await compressor.compress("/v1/chat/completions", grown, "s", tenant="t")
+        return seconds, first, second
+
+    try:
+        seconds, first, second = asyncio.run(run())
+    finally:
+        compressor.close()
+    assert first.stats.action == PASSTHROUGH and first.messages is history
+    assert first.stats.reason.startswith("analysis deferred") and seconds < 1.0, (first.stats.reason, seconds)
+    assert len(analysed) == 1  # the one block the prepared history lacked
+    want = gk.GEM(compressor.gem.config, encoder=HashEncoder(compressor.encoder.dim)).compress(grown, session_id="s")
+    assert second.stats.action == want.stats.action == RESELECTED
+    assert second.stats.removed_blocks == want.stats.removed_blocks
+    text = metrics.exposition().decode()
+    assert "gem_encoding_deferred_total 1.0" in text
+    assert 'gem_passthroughs_total{reason="analysis_deferred"} 1.0' in text

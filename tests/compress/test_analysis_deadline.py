@@ -1,0 +1,187 @@
+"""`GEM.compress`'s ``deadline``: past it a request stops analysing its blocks (token counts, features, the
+router's lexicons) and goes out as a deferred one does; what it analysed, and what `GEM.prepare` adds after it,
+waits in `PendingAnalysis` for the session's next request, which then forwards what a GEM that analysed
+everything itself forwards."""
+
+import copy
+import json
+import time
+from types import SimpleNamespace
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from gemkernels import GEM, GEMConfig
+from gemkernels.compress import gem as gem_module
+from gemkernels.compress.encoders import HashEncoder
+from gemkernels.compress.gem import APPENDED, PASSTHROUGH, RESELECTED
+from gemkernels.compress.sessions import PendingAnalysis
+from gemkernels.testing.histories import synthetic_history
+
+pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_session_properties import CONFIGS, sessions  # noqa: E402
+
+ROUTER = GEMConfig(min_blocks=3, k=3, delta=1.0, ranking="router", keep_recent_size=True, rewrite_above_blocks=6,
+                   repay_factor=0.5, thinking_bound=False)
+
+
+class CountingClock:
+    """``time.monotonic`` that moves one tick per call: a deadline ``ticks`` ahead lets exactly that many deadline
+    checks pass."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def monotonic(self) -> int:
+        self.now += 1
+        return self.now
+
+    def patched(self):
+        return mock.patch.object(gem_module, "time", SimpleNamespace(monotonic=self.monotonic,
+                                                                     perf_counter=time.perf_counter))
+
+
+def infos_of(gem: GEM, session: str = "s") -> list[tuple]:
+    """What the session's saved state holds of each block, comparable across GEMs, and its lexicon (None: not read
+    yet)."""
+    columns = gem.store.get(session).columns
+    return [((info.chars, info.tokens, info.features, info.tools, info.signature, info.embedding.tobytes()),
+             None if info.lexicon is None else (info.lexicon.holds.tobytes(), info.lexicon.names.tobytes()))
+            for info in columns.infos]
+
+
+def same_analyses(cut: GEM, reference: GEM) -> None:
+    """The blocks' analyses agree; a lexicon the reference read, the other holds too (`prepare` may have read some
+    that no ranking of the reference has needed yet)."""
+    mine, theirs = infos_of(cut), infos_of(reference)
+    assert [info for info, _ in mine] == [info for info, _ in theirs]
+    assert all(want is None or got == want for (_, got), (_, want) in zip(mine, theirs))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(sessions(), st.sampled_from(CONFIGS + [ROUTER]), st.data())
+def test_a_request_past_its_deadline_forwards_what_a_deferred_one_does_and_the_next_forwards_as_if_never_cut(
+        requests, config, data):
+    """``cut`` runs each request under a deadline a random number of checks ahead (or none) and sometimes prepares
+    after a deferral; ``reference`` defers exactly those requests before analysing anything and never reuses an
+    analysis. Deferred or not, both forward the same, and every saved state holds the same block analyses."""
+    cut = GEM(config, encoder=HashEncoder(32), token_counter=len)
+    reference = GEM(config, encoder=HashEncoder(32), token_counter=len)
+    reference.pending = PendingAnalysis(max_bytes=0)  # holds nothing: every analysis is its own
+    clock = CountingClock()
+    for text, dry in requests:
+        mine, theirs = json.loads(text), json.loads(text)
+        before = copy.deepcopy(mine)
+        ticks = data.draw(st.one_of(st.none(), st.integers(0, 12)), label="checks before the deadline")
+        with clock.patched():
+            got = cut.compress(mine, session_id="s", save=not dry,
+                               deadline=None if ticks is None else clock.now + ticks)
+        assert mine == before
+        deferred = got.stats.reason.startswith("analysis deferred")
+        event(got.stats.reason.split(" at the deadline")[0].split(": ")[-1].split(" of ")[-1] if deferred
+              else got.stats.action)
+        with clock.patched():
+            want = reference.compress(theirs, session_id="s", save=not dry,
+                                      deadline=clock.now if deferred else None)
+        assert want.stats.reason.startswith("analysis deferred") == deferred
+        positions = {id(m): i for i, m in enumerate(mine)}
+        theirs_at = {id(m): i for i, m in enumerate(theirs)}
+        assert [positions[id(m)] for m in got.messages] == [theirs_at[id(m)] for m in want.messages]
+        assert (got.stats.action, got.stats.removed_blocks) == (want.stats.action, want.stats.removed_blocks)
+        if deferred:
+            assert got.stats.action in (APPENDED, PASSTHROUGH)
+            if data.draw(st.booleans(), label="prepare"):
+                cut.prepare(json.loads(text), session_id="s")
+        else:
+            assert got.stats.reason == want.stats.reason
+            if not dry and got.stats.action in (APPENDED, RESELECTED):
+                same_analyses(cut, reference)
+
+
+def test_a_request_already_past_its_deadline_analyses_nothing_and_prepare_leaves_its_next_request_nothing(
+        monkeypatch):
+    """The first eligible request of a 40-block session, its deadline passed: unchanged at once, no block's
+    features read; `prepare` analyses all 40 blocks; the next request (no deadline) analyses none and forwards
+    what a GEM that never deferred forwards."""
+    calls = []
+    features = gem_module.block_features
+    monkeypatch.setattr(gem_module, "block_features", lambda block: calls.append(block) or features(block))
+    config = GEMConfig(min_blocks=16, k=6, delta=1.0)
+    gem, fresh = (GEM(config, encoder=HashEncoder(64), token_counter=len) for _ in range(2))
+    history = synthetic_history(40, seed=3)
+    late = gem.compress(history, session_id="s", deadline=time.monotonic() - 1.0)
+    assert late.stats.action == PASSTHROUGH and late.messages is history
+    assert late.stats.reason.startswith("analysis deferred: 0 of 40 new blocks analysed at the deadline")
+    assert calls == [] and gem.store.get("s") is None
+    assert gem.prepare(history, session_id="s") == 40 and len(calls) == 40
+    assert gem.store.get("s") is None  # the state is only ever saved by a request
+    calls.clear()
+    grown = history + synthetic_history(41, seed=3)[-2:]
+    out = gem.compress(grown, session_id="s")
+    assert len(calls) == 1 and out.stats.encoded_blocks == 1  # only the block the prepared history lacked
+    want = fresh.compress(copy.deepcopy(grown), session_id="s")
+    assert out.stats.action == want.stats.action == RESELECTED
+    assert out.stats.removed_blocks == want.stats.removed_blocks
+    assert len(gem.pending) == 0  # the saved state holds them now
+
+
+def test_a_ranking_past_its_deadline_keeps_the_lexicons_it_read_for_the_next_request():
+    """Under the router, a session that appended (no lexicon read) grows past its budget: its new blocks are
+    analysed in time but the ranking's lexicons are cut at the deadline, so it goes out on the append path with the
+    lexicons read so far pending (of blocks its saved state holds without one); the next request reads only the
+    rest, and holds and forwards what a GEM that was never cut does."""
+    gem, reference = (GEM(ROUTER, encoder=HashEncoder(64), token_counter=len) for _ in range(2))
+    short, grown = synthetic_history(5, seed=5), synthetic_history(9, seed=5)
+    for one in (gem, reference):
+        assert one.compress(copy.deepcopy(short), session_id="s").stats.action == APPENDED
+        assert all(lexicon is None for lexicon in one.store.get("s").columns.lexicons)
+    clock = CountingClock()
+    with clock.patched():  # 4 checks pass (the new blocks), then 5 of the ranking's 9 lexicon checks
+        late = gem.compress(grown, session_id="s", deadline=clock.now + 4 + 5)
+    assert late.stats.action == APPENDED
+    assert late.stats.reason.startswith("analysis deferred: 5 of 9 lexicons read at the deadline")
+    pending = gem.pending.get("s")
+    assert len(pending) == 5 and all(info.lexicon is not None for info in pending.values())
+    read = []
+    lexicon = gem_module.block_lexicon
+    with mock.patch.object(gem_module, "block_lexicon", lambda block, text: read.append(1) or lexicon(block, text)):
+        out = gem.compress(grown, session_id="s")
+    want = reference.compress(copy.deepcopy(grown), session_id="s")
+    assert out.stats.action == want.stats.action == RESELECTED and len(read) == 4
+    assert out.stats.removed_blocks == want.stats.removed_blocks
+    assert infos_of(gem) == infos_of(reference)
+
+
+class Sized:
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+
+def test_pending_analysis_is_bounded_in_bytes_least_recently_touched_session_first():
+    pending = PendingAnalysis(max_bytes=100)
+    pending.add("a", {1: Sized(30), 2: Sized(30)})
+    pending.add("b", {1: Sized(30)})
+    assert pending.nbytes == 90 and len(pending) == 2
+    pending.get("a")  # touched: b is now the oldest
+    pending.add("c", {9: Sized(20)})
+    assert pending.get("b") == {} and set(pending.get("a")) == {1, 2} and pending.nbytes == 80
+    pending.add("a", {2: Sized(10)})  # replaced, not added twice
+    assert pending.nbytes == 60
+    copy_of = pending.get("a")
+    copy_of.clear()
+    assert len(pending.get("a")) == 2  # get gives a copy
+    pending.discard("a")
+    assert pending.get("a") == {} and pending.nbytes == 20
+    pending.add("d", {1: Sized(500)})  # larger than the bound: nothing is kept
+    assert pending.nbytes == 0 and len(pending) == 0
+
+
+def test_prepare_never_raises_and_skips_short_histories():
+    gem = GEM(GEMConfig(min_blocks=16), encoder=HashEncoder(16), token_counter=len)
+    assert gem.prepare(synthetic_history(5), session_id="s") == 0
+    assert gem.prepare([{"role": "tool", "tool_call_id": ["not", "a", "string"]}], session_id="s") == 0
+    assert gem.prepare("not a history") == 0
+    assert np.isfinite(gem.pending.nbytes)
