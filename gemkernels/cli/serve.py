@@ -83,9 +83,9 @@ def add_parser(subparsers: Any) -> None:
                    help="answer 408 and close when a request body sends no byte for this many seconds "
                         "(default %(default)s)")
     p.add_argument("--encode-budget-ms", type=float, default=200.0,
-                   help="longest a request waits for its blocks' embeddings; past it, it goes out with the new blocks "
-                        "appended (or unchanged) while they finish encoding for the next call; 'inf': no limit "
-                        "(default %(default)s)")
+                   help="longest a request waits for its blocks' embeddings and analysis; past it, it goes out with "
+                        "the new blocks appended (or unchanged) while they finish, for the next call; 'inf': no "
+                        "limit (default %(default)s)")
     p.add_argument("--compress-process", action="store_true",
                    help="compress in a process of each worker's own, so that compression never holds the GIL its "
                         "event loop needs (one more core a worker; sessions stay in that process)")

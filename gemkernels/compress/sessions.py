@@ -1,6 +1,7 @@
 """Per-session memory of the online policy (DESIGN.md §3): the `StateStore` protocol GEM keeps sessions in, and
 `SessionStore`, the default: in this process, bounded, thread-safe, LRU + TTL (the Redis store shared by replicas
-is `gemkernels.compress.redis_store`)."""
+is `gemkernels.compress.redis_store`); `PendingAnalysis`, what requests that went out before their analysis
+finished leave for their sessions' next ones (DESIGN.md §5)."""
 
 from __future__ import annotations
 
