@@ -80,8 +80,12 @@ ENCODING_DEFERRED, ANALYSIS_DEFERRED = "encoding deferred", "analysis deferred"
 
 
 class AnalysisDeferred(EncodingDeferred):
-    """A request's deadline passed while its blocks were analysed; what it analysed waits for its session's next
-    request (`PendingAnalysis`)."""
+    """A request's deadline passed while its blocks were analysed; ``analysed``: the infos it computed (block
+    identity -> `BlockInfo`), which wait for its session's next request (`PendingAnalysis`)."""
+
+    def __init__(self, message: str, analysed: Mapping[Hashable, BlockInfo]):
+        super().__init__(message)
+        self.analysed = analysed
 
 
 @dataclass(frozen=True)
@@ -268,9 +272,11 @@ class GEM:
         anything goes wrong (logged)."""
         try:
             return self._prepare(messages, session_id, tenant)
+        except EncodingDeferred as err:  # the encoding queue is full: the next request encodes them
+            logger.info("gemkernels: a deferred request's blocks were not prepared: %s", err)
         except Exception:
             logger.exception("gemkernels: could not analyse a deferred request's blocks ahead of its next request")
-            return 0
+        return 0
 
     def _prepare(self, messages: Any, session_id: str | None, tenant: str | None) -> int:
         history = parse_history(messages, text_actions=self.text_actions)
@@ -348,7 +354,7 @@ class GEM:
             keys = self._identities(history.format, messages, spans)
         seen = len(state.block_keys) if state is not None else 0  # blocks of the last request
         prior = state.columns if state is not None and keys[:seen] == state.block_keys else None
-        cache = {} if state is None else state.block_cache if save else dict(state.block_cache)  # a dry run adds none
+        cache = {} if state is None else dict(state.block_cache)  # the saved state's is left as it is until a save
         encode_started = time.perf_counter()
         try:
             start = seen if prior is not None else 0
@@ -356,7 +362,10 @@ class GEM:
             columns = prior.extended(new_infos) if prior is not None else BlockColumns.of(new_infos)
             task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
         except EncodingDeferred as err:
-            why = ANALYSIS_DEFERRED if isinstance(err, AnalysisDeferred) else ENCODING_DEFERRED
+            why = ENCODING_DEFERRED
+            if isinstance(err, AnalysisDeferred):
+                why = ANALYSIS_DEFERRED
+                self.pending.add(store_key, err.analysed)
             return self._deferred(history, keys, state, session_id, f"{why}: {err}", started, message_sizes)
         infos, embeddings, sizes = columns.infos, columns.embeddings, columns.sizes
         encode_seconds = time.perf_counter() - encode_started
@@ -397,22 +406,30 @@ class GEM:
         rewrite: tuple[set[int], list[int], float | None] | None = None
         core: list[int] = []
         coverage = None
-        try:
-            if reason is None and cfg.repay_factor is not None and could_repay(
-                    appended, least_core_tokens(sizes, seeds, eligible, cfg), sizes, cfg):
+        ranking_cut = ""
+        if reason is None and cfg.repay_factor is not None and could_repay(
+                appended, least_core_tokens(sizes, seeds, eligible, cfg), sizes, cfg):
+            try:
                 rewrite = rewritten()
                 reason = repay_reason(appended, rewrite[0], sizes, cfg)
-            if reason is not None:
-                forwarded, core, coverage = rewrite or rewritten()
-        except AnalysisDeferred as err:
-            return self._deferred(history, keys, state, session_id, f"{ANALYSIS_DEFERRED}: {err}", started,
-                                  message_sizes)
+            except AnalysisDeferred as err:  # a rewrite that may repay, out of time: it appends, as if it did not
+                cache.update(err.analysed)  # the lexicons it read are saved; the next ranking reads the rest
+                columns = BlockColumns.of([cache[key] for key in keys])
+                ranking_cut = f"; the rewrite's ranking was deferred: {err}"
         if reason is not None:
+            try:
+                forwarded, core, coverage = rewrite or rewritten()
+            except AnalysisDeferred as err:  # a due selection out of time: deferred, what it analysed pending
+                self.pending.add(store_key, {**{key: info for key, info in cache.items()
+                                                if state is None or state.block_cache.get(key) is not info},
+                                             **err.analysed})
+                return self._deferred(history, keys, state, session_id, f"{ANALYSIS_DEFERRED}: {err}", started,
+                                      message_sizes)
             action, selected_at = RESELECTED, n
         else:
             forwarded, action = appended, APPENDED
             selected_at = state.blocks_at_selection if state is not None else 0
-            reason = f"{n - seen} new blocks appended to the saved forwarded set"
+            reason = f"{n - seen} new blocks appended to the saved forwarded set{ranking_cut}"
         select_seconds = time.perf_counter() - select_started
         other = self._other_tokens(history)
         forwarded, reason = self._ceiling(history, forwarded, sizes, other, core, seeds, reason, pinned)
@@ -422,11 +439,11 @@ class GEM:
         if save:  # the cache holds exactly this request's blocks when it extended the last one's
             block_cache = cache if len(cache) == n else dict(zip(keys, columns.infos))
             parsed = written.parsed(history, keys, call_ids) if written is not None else None
-            self.pending.discard(store_key)  # the state now holds its blocks' analyses
             try:
                 self.store.put(store_key, SessionState(
                     keys, frozenset(map(keys.__getitem__, forwarded)), goal_key, selected_at, block_cache,
                     columns.nbytes + (parsed.held_bytes if parsed is not None else 0), columns, parsed))
+                self.pending.discard(store_key)  # the state holds its blocks' analyses now
             except StoreUnavailable as err:  # a save whose answer was lost may have landed, and then says that this
                 reason += f"{UNSAVED} ({err})"  # went out compressed: so it does (DESIGN.md §5.1)
         removed = sorted(set(range(n)) - forwarded)
@@ -452,7 +469,7 @@ class GEM:
 
     def _deferred(self, history: History, keys: tuple[str, ...], state: SessionState | None, session_id: str,
                   why: str, started: float, message_sizes: Sequence[int] | None) -> Compressed:
-        """The request when the encoder could not give its embeddings in time: the session's saved forwarded set
+        """The request when its blocks could not be encoded or analysed in time: the session's saved forwarded set
         with every newer block appended when the history extends the last request (the upstream's cached prefix
         holds) and that keeps what the guard requires, else unchanged; the session state is left as it was."""
         messages = history.messages
@@ -512,8 +529,8 @@ class GEM:
                        cache: dict[Hashable, BlockInfo], deadline: float | None = None,
                        session: str | None = None) -> BlockColumns:
         """``columns`` with the lexicon of every block that has none yet, pending for ``session`` or read from
-        ``history``, their infos replaced in ``cache`` too (the session keeps them); past ``deadline``, those read
-        so far wait as pending and `AnalysisDeferred` is raised."""
+        ``history``, their infos replaced in ``cache`` too (the session keeps them); past ``deadline``,
+        `AnalysisDeferred` with the infos of those read so far (``cache`` left as it was)."""
         missing = [b for b, lexicon in enumerate(columns.lexicons) if lexicon is None]
         if not missing:
             return columns
@@ -525,16 +542,13 @@ class GEM:
                 lexicons[b] = held.lexicon
             else:
                 if deadline is not None and time.monotonic() > deadline:
-                    if session is not None:
-                        self.pending.add(session, read)
-                    raise AnalysisDeferred(f"{len(read)} of {len(missing)} lexicons read at the deadline")
+                    raise AnalysisDeferred(f"{len(read)} of {len(missing)} lexicons read at the deadline", read)
                 block = history.block(b)
                 lexicons[b] = block_lexicon(block, block_text(block, self.config.max_text_chars))
             infos[b] = replace(infos[b], lexicon=lexicons[b], nbytes=infos[b].nbytes + lexicons[b].nbytes)
             read[keys[b]] = infos[b]
             added += lexicons[b].nbytes
-            if keys[b] in cache:
-                cache[keys[b]] = infos[b]
+        cache.update((key, info) for key, info in read.items() if key in cache)
         return replace(columns, infos=tuple(infos), lexicons=tuple(lexicons), nbytes=columns.nbytes + added)
 
     def _rewrite(self, columns: BlockColumns, block_chars: Sequence[int], seeds: list[int],
@@ -568,13 +582,14 @@ class GEM:
                      start: int = 0, deadline: float | None = None, session: str | None = None
                      ) -> tuple[list[BlockInfo], int]:
         """The infos of blocks ``start`` onwards, cached, pending for ``session`` or computed (new blocks encoded
-        in one batch): (infos, newly encoded). Past ``deadline`` (`time.monotonic`), those computed so far wait as
-        pending and `AnalysisDeferred` is raised."""
+        in one batch), the others added to ``cache``: (infos, newly encoded). Past ``deadline`` (`time.monotonic`),
+        `AnalysisDeferred` with the infos computed so far (``cache`` left as it was)."""
         new_ids = [b for b in range(start, len(keys)) if keys[b] not in cache]
+        done: dict[Hashable, BlockInfo] = {}
         if new_ids and session is not None:
             pending = self.pending.get(session)
-            cache.update((keys[b], pending[keys[b]]) for b in new_ids if keys[b] in pending)
-            new_ids = [b for b in new_ids if keys[b] not in cache]
+            done.update((keys[b], pending[keys[b]]) for b in new_ids if keys[b] in pending)
+            new_ids = [b for b in new_ids if keys[b] not in done]
         new = [history.block(b) for b in new_ids]
         if new:
             texts = [block_text(block, self.config.max_text_chars) for block in new]
@@ -583,19 +598,19 @@ class GEM:
                 raise ValueError(f"encoder {self.encoder.name} returned unusable embeddings "
                                  f"(shape {embeddings.shape}, expected {(len(new), self.encoder.dim)}, "
                                  "or not finite)")
-            done: dict[Hashable, BlockInfo] = {}
+            computed: dict[Hashable, BlockInfo] = {}
             for b, block, embedding, text in zip(new_ids, new, embeddings, texts):
                 if deadline is not None and time.monotonic() > deadline:
-                    if session is not None:
-                        self.pending.add(session, done)
-                    raise AnalysisDeferred(f"{len(done)} of {len(new)} new blocks analysed at the deadline")
-                done[keys[b]] = self._block_info(history, block, keys[b], embedding, text)
-            cache.update(done)
+                    raise AnalysisDeferred(f"{len(computed)} of {len(new)} new blocks analysed at the deadline",
+                                           computed)
+                computed[keys[b]] = self._block_info(history, block, keys[b], embedding.copy(), text)
+            done.update(computed)
+        cache.update(done)
         return [cache[key] for key in keys[start:]], len(new)
 
     def _block_info(self, history: History, block: Block, key: Hashable, embedding: np.ndarray,
                     text: str) -> BlockInfo:
-        """A new block's `BlockInfo` (``text``: its representation, ``embedding``: that text's)."""
+        """A new block's `BlockInfo` (``text``: its representation, ``embedding``: that text's, a row of its own)."""
         messages = [history.messages[p] for p in block.positions]
         lexicon = block_lexicon(block, text) if self.reads_lexicons else None if self.ranks_lexicons else NO_LEXICON
         features = block_features(block)

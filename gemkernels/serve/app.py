@@ -16,8 +16,9 @@ Contracts (DESIGN.md §5):
 - sessions: per credential (tenant) and per agent (`gemkernels.compress.sessions.request_session`); requests of
   one session are compressed one at a time;
 - selections of concurrent requests run batched, block encoding is fair between requests, and a request waits
-  for its blocks' encoding and analysis ``encode_budget`` at most (`gemkernels.serve.compressor`); with ``compress_process`` they run in a process of their
-  own, so that compression never holds the event loop's GIL (`gemkernels.serve.compression_process`);
+  for its blocks' encoding and analysis ``encode_budget`` at most (`gemkernels.serve.compressor`); with
+  ``compress_process`` they run in a process of their own, so that compression never holds the event loop's GIL
+  (`gemkernels.serve.compression_process`);
 - bounded: at most ``max_pending`` compressions queued or running, GEM's session store bounded; a body past
   ``max_body_bytes`` gets a 413, one with no byte for ``body_timeout`` seconds a 408 (both with
   ``Connection: close``); under ``gem serve``, headers not complete ``--header-timeout`` seconds after a connection

@@ -34,6 +34,8 @@ def make_gem(config: ServerConfig, selector: SelectionBatcher, encoder: Encoding
                select_fn=selector.select)
 
 
+#: Deferred requests' histories held for the preparing thread at most (each holds its request's messages).
+PREPARE_QUEUE = 8
 #: How long Redis keeps a shared embedding at least (a session's TTL when that is longer): a week.
 EMBEDDING_TTL_S = 7 * 86400.0
 
@@ -64,8 +66,8 @@ class Compressor:
     ``compress`` returns None when the request must go out unchanged for a reason outside GEM
     (queue full, unexpected error); GEM's own passthroughs come back as its `Compressed`. A request waits for its
     blocks' embeddings and analysis until ``encode_budget`` seconds after it reached ``compress`` at most, then goes
-    out on the append path or unchanged (GEM's ``deadline``) while they finish encoding, and one thread analyses
-    what it left (`GEM.prepare`, a session at a time, ``max_pending`` at most waiting), for its next call."""
+    out on the append path or unchanged (GEM's ``deadline``) while they finish encoding, and, while the compression
+    threads have room, one thread analyses what it left (`GEM.prepare`), for its next call."""
 
     def __init__(self, config: ServerConfig, metrics: Metrics):
         self.metrics, self.max_pending, self.workers = metrics, config.max_pending, config.threads
@@ -126,8 +128,6 @@ class Compressor:
             result = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._compress, messages, session_id, goal, message_sizes, tenant, deadline, save,
                 message_bytes, thinking)
-            if save and result.stats.reason.startswith((ENCODING_DEFERRED, ANALYSIS_DEFERRED)):
-                self.prepare(messages, session_id or result.stats.session_id, tenant)
         except Exception:
             logger.exception("gemkernels: compression crashed; forwarding the original request")
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
@@ -138,6 +138,8 @@ class Compressor:
             self.metrics.pending.dec()
             self.metrics.sessions.set(len(self.gem.store))  # the store changes only inside compressions
         self.metrics.observe_compression(route, result)
+        if save and result.stats.reason.startswith((ENCODING_DEFERRED, ANALYSIS_DEFERRED)):
+            self.prepare(messages, session_id or result.stats.session_id, tenant)
         return result
 
     def _compress(self, messages: Any, session_id: str | None, goal: str | None,
@@ -150,13 +152,17 @@ class Compressor:
                                      thinking=thinking, deadline=deadline)
 
     def prepare(self, messages: Any, session_id: str | None, tenant: str | None) -> None:
-        """Queue `GEM.prepare` of a deferred request's history on the preparing thread, unless its session's is
-        queued already or ``max_pending`` are."""
+        """Queue `GEM.prepare` of a deferred request's history on the preparing thread while the compression threads
+        have room (past it, the load sheds: each request keeps what it analysed in its budget for the next one),
+        unless its session's is queued already or `PREPARE_QUEUE` are."""
         session = (tenant, session_id)
-        if session in self.preparing or len(self.preparing) >= self.max_pending:
+        if self.pending >= self.workers or session in self.preparing or len(self.preparing) >= PREPARE_QUEUE:
+            return
+        try:
+            future = self.preparer.submit(self.gem.prepare, messages, session_id, tenant)
+        except RuntimeError:  # shut down: the server is stopping
             return
         self.preparing.add(session)
-        future = self.preparer.submit(self.gem.prepare, messages, session_id, tenant)
         future.add_done_callback(lambda _: self.preparing.discard(session))
 
     async def aclose(self) -> None:

@@ -27,7 +27,8 @@ class ServerConfig:
     past it: `gemkernels.serve.websocket_relay`), ``max_session_bytes`` what the sessions hold in all;
     ``compress_endpoint`` serves ``POST /v1/gem/compress``, and with ``compress_token`` only to callers that send
     it as ``X-GEM-Token``; a proxied request waits for its blocks' embeddings and analysis ``encode_budget``
-    seconds at most (None: no limit), and ``encode_cache_bytes`` of embeddings are kept for the requests that gave up waiting;
+    seconds at most (None: no limit), and ``encode_cache_bytes`` of embeddings are kept for the requests that gave
+    up waiting;
     a request body with no byte for ``body_timeout`` seconds gets a 408 (`gemkernels.serve.connections`);
     ``count_compressed``: ``POST /v1/messages/count_tokens`` counts the request as it would be forwarded;
     ``observe``: forward every request as sent and record what compression would have done

@@ -3,6 +3,7 @@ router's lexicons) and goes out as a deferred one does; what it analysed, and wh
 waits in `PendingAnalysis` for the session's next request, which then forwards what a GEM that analysed
 everything itself forwards."""
 
+import contextlib
 import copy
 import json
 import time
@@ -15,17 +16,21 @@ import pytest
 from gemkernels import GEM, GEMConfig
 from gemkernels.compress import gem as gem_module
 from gemkernels.compress.encoders import HashEncoder
-from gemkernels.compress.gem import APPENDED, PASSTHROUGH, RESELECTED
-from gemkernels.compress.sessions import PendingAnalysis
+from gemkernels.compress.gem import APPENDED, PASSTHROUGH, RESELECTED, AnalysisDeferred
+from gemkernels.compress.sessions import PendingAnalysis, SessionConflict, SessionStore
 from gemkernels.testing.histories import synthetic_history
 
 pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_session_properties import CONFIGS, sessions  # noqa: E402
+from test_session_properties import CONFIGS, check_output, sessions  # noqa: E402
 
 ROUTER = GEMConfig(min_blocks=3, k=3, delta=1.0, ranking="router", keep_recent_size=True, rewrite_above_blocks=6,
                    repay_factor=0.5, thinking_bound=False)
+ROUTER_CEILING = GEMConfig(min_blocks=3, k=3, delta=1.0, ranking="router", keep_recent_size=True,
+                           rewrite_above_blocks=8, repay_factor=0.5, thinking_bound=False, max_forward_tokens=1500)
+#: What an appending request's reason says when the ranking of a rewrite that may repay ran out of time.
+RANKING_CUT = "; the rewrite's ranking was deferred"
 
 
 class CountingClock:
@@ -61,13 +66,23 @@ def same_analyses(cut: GEM, reference: GEM) -> None:
     assert all(want is None or got == want for (_, got), (_, want) in zip(mine, theirs))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(sessions(), st.sampled_from(CONFIGS + [ROUTER]), st.data())
+def cut_ranking(gem: GEM):
+    """A patch of ``gem`` whose rankings' lexicon reading is out of time before the first lexicon."""
+    def read_lexicons(columns, *args, **kwargs):
+        if any(lexicon is None for lexicon in columns.lexicons):
+            raise AnalysisDeferred("0 lexicons read at the deadline", {})
+        return columns
+    return mock.patch.object(gem, "_read_lexicons", read_lexicons)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(sessions(), st.sampled_from(CONFIGS + [ROUTER, ROUTER_CEILING]), st.data())
 def test_a_request_past_its_deadline_forwards_what_a_deferred_one_does_and_the_next_forwards_as_if_never_cut(
         requests, config, data):
     """``cut`` runs each request under a deadline a random number of checks ahead (or none) and sometimes prepares
-    after a deferral; ``reference`` defers exactly those requests before analysing anything and never reuses an
-    analysis. Deferred or not, both forward the same, and every saved state holds the same block analyses."""
+    after a deferral; ``reference`` defers exactly those requests before analysing anything (and cuts exactly the
+    rankings ``cut`` cut short, before any lexicon) and never reuses an analysis. Both forward the same, every
+    output keeps the contract, and every saved state holds the same block analyses."""
     cut = GEM(config, encoder=HashEncoder(32), token_counter=len)
     reference = GEM(config, encoder=HashEncoder(32), token_counter=len)
     reference.pending = PendingAnalysis(max_bytes=0)  # holds nothing: every analysis is its own
@@ -80,13 +95,15 @@ def test_a_request_past_its_deadline_forwards_what_a_deferred_one_does_and_the_n
             got = cut.compress(mine, session_id="s", save=not dry,
                                deadline=None if ticks is None else clock.now + ticks)
         assert mine == before
+        check_output(mine, got, config.delta)
         deferred = got.stats.reason.startswith("analysis deferred")
-        event(got.stats.reason.split(" at the deadline")[0].split(": ")[-1].split(" of ")[-1] if deferred
-              else got.stats.action)
-        with clock.patched():
+        ranking_cut = RANKING_CUT in got.stats.reason
+        event("deferred" if deferred else "ranking cut" if ranking_cut else got.stats.action)
+        with clock.patched(), (cut_ranking(reference) if ranking_cut else contextlib.nullcontext()):
             want = reference.compress(theirs, session_id="s", save=not dry,
                                       deadline=clock.now if deferred else None)
         assert want.stats.reason.startswith("analysis deferred") == deferred
+        assert (RANKING_CUT in want.stats.reason) == ranking_cut
         positions = {id(m): i for i, m in enumerate(mine)}
         theirs_at = {id(m): i for i, m in enumerate(theirs)}
         assert [positions[id(m)] for m in got.messages] == [theirs_at[id(m)] for m in want.messages]
@@ -96,7 +113,7 @@ def test_a_request_past_its_deadline_forwards_what_a_deferred_one_does_and_the_n
             if data.draw(st.booleans(), label="prepare"):
                 cut.prepare(json.loads(text), session_id="s")
         else:
-            assert got.stats.reason == want.stats.reason
+            assert got.stats.reason.split(RANKING_CUT)[0] == want.stats.reason.split(RANKING_CUT)[0]
             if not dry and got.stats.action in (APPENDED, RESELECTED):
                 same_analyses(cut, reference)
 
@@ -144,7 +161,9 @@ def test_a_ranking_past_its_deadline_keeps_the_lexicons_it_read_for_the_next_req
     assert late.stats.action == APPENDED
     assert late.stats.reason.startswith("analysis deferred: 5 of 9 lexicons read at the deadline")
     pending = gem.pending.get("s")
-    assert len(pending) == 5 and all(info.lexicon is not None for info in pending.values())
+    assert len(pending) == 9  # the 4 new blocks' infos, and 5 with a lexicon read
+    assert sum(info.lexicon is not None for info in pending.values()) == 5
+    assert all(lexicon is None for lexicon in gem.store.get("s").columns.lexicons)  # the saved state as it was
     read = []
     lexicon = gem_module.block_lexicon
     with mock.patch.object(gem_module, "block_lexicon", lambda block, text: read.append(1) or lexicon(block, text)):
@@ -185,3 +204,83 @@ def test_prepare_never_raises_and_skips_short_histories():
     assert gem.prepare([{"role": "tool", "tool_call_id": ["not", "a", "string"]}], session_id="s") == 0
     assert gem.prepare("not a history") == 0
     assert np.isfinite(gem.pending.nbytes)
+
+
+def test_a_deferred_request_leaves_the_saved_state_as_it_was_and_forwards_as_if_nothing_was_prepared():
+    """A saved 8-block session, then a 14-block request deferred, its blocks prepared, and a 15-block request
+    deferred: the saved state still holds its 8 blocks (byte count unchanged), and under a token ceiling (which
+    weighs blocks by what the state holds) both deferred requests forward what they do on a GEM that never
+    prepared."""
+    config = GEMConfig(min_blocks=3, k=3, delta=1.0, max_forward_tokens=6000)
+    prepared, plain = (GEM(config, encoder=HashEncoder(32), token_counter=len) for _ in range(2))
+    histories = [synthetic_history(n, seed=11) for n in (8, 14, 15)]
+    for gem in (prepared, plain):
+        gem.compress(copy.deepcopy(histories[0]), session_id="s")
+    saved = prepared.store.get("s")
+    held, nbytes = dict(saved.block_cache), saved.nbytes
+    outcomes = []
+    for gem in (prepared, plain):
+        late = [gem.compress(copy.deepcopy(histories[1]), session_id="s", deadline=time.monotonic() - 1)]
+        if gem is prepared:
+            assert gem.prepare(copy.deepcopy(histories[1]), session_id="s") == 6
+        late.append(gem.compress(copy.deepcopy(histories[2]), session_id="s", deadline=time.monotonic() - 1))
+        assert all(result.stats.reason.startswith("analysis deferred") for result in late)
+        outcomes.append([(result.stats.action, result.stats.removed_blocks) for result in late])
+    assert outcomes[0] == outcomes[1]
+    assert prepared.store.get("s") is saved and saved.block_cache == held and saved.nbytes == nbytes
+
+
+def test_a_rewrite_that_may_repay_and_runs_out_of_time_appends_and_saves_the_lexicons_it_read(monkeypatch):
+    """The cost bound lets a ranking through on an appending request whose deadline passes 3 lexicons in: the
+    request appends and saves as when the bound says no, its reason says so, the saved state holds those 3
+    lexicons, and the next ranking reads only the others."""
+    monkeypatch.setattr(gem_module, "could_repay", lambda *args: True)
+    config = GEMConfig(min_blocks=3, k=3, delta=1.0, ranking="router", keep_recent_size=True,
+                       rewrite_above_blocks=100, repay_factor=0.5, thinking_bound=False)
+    gem = GEM(config, encoder=HashEncoder(32), token_counter=len)
+    clock = CountingClock()
+    with clock.patched():  # its 10 blocks analysed in time, then no lexicon
+        first = gem.compress(synthetic_history(10, seed=2), session_id="s", deadline=clock.now + 10)
+    assert first.stats.action == APPENDED  # a budgeted first request appends
+    assert first.stats.reason.endswith(RANKING_CUT + ": 0 of 10 lexicons read at the deadline")
+    assert all(lexicon is None for lexicon in gem.store.get("s").columns.lexicons)
+    with clock.patched():  # the new block's check passes, then 3 lexicon checks
+        grown = gem.compress(synthetic_history(11, seed=2), session_id="s", deadline=clock.now + 1 + 3)
+    assert grown.stats.action == APPENDED and grown.stats.reason.startswith("1 new blocks appended")
+    assert RANKING_CUT + ": 3 of 11 lexicons read at the deadline" in grown.stats.reason
+    state = gem.store.get("s")
+    assert sum(lexicon is not None for lexicon in state.columns.lexicons) == 3
+    assert sum(info.lexicon is not None for info in state.block_cache.values()) == 3
+    read = []
+    lexicon = gem_module.block_lexicon
+    monkeypatch.setattr(gem_module, "block_lexicon", lambda block, text: read.append(1) or lexicon(block, text))
+    gem.compress(synthetic_history(11, seed=2), session_id="s")
+    assert len(read) == 8
+
+
+class ConflictOnce(SessionStore):
+    """A store whose first save finds another request's saved first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conflicts = 1
+
+    def put(self, session_id, state) -> None:
+        if self.conflicts:
+            self.conflicts -= 1
+            raise SessionConflict("another request of the session saved first")
+        super().put(session_id, state)
+
+
+def test_a_save_that_conflicts_keeps_the_pending_analyses_for_its_retry(monkeypatch):
+    calls = []
+    features = gem_module.block_features
+    monkeypatch.setattr(gem_module, "block_features", lambda block: calls.append(block) or features(block))
+    gem = GEM(GEMConfig(min_blocks=3, k=3), encoder=HashEncoder(32), store=ConflictOnce(), token_counter=len)
+    history = synthetic_history(12, seed=4)
+    assert gem.prepare(history, session_id="s") == 12
+    calls.clear()
+    out = gem.compress(history, session_id="s")
+    assert out.stats.action == RESELECTED and gem.store.get("s") is not None
+    assert calls == []  # the retry found them still pending
+    assert len(gem.pending) == 0

@@ -326,3 +326,17 @@ def test_a_request_waits_for_its_blocks_analysis_no_longer_than_the_budget_and_t
     text = metrics.exposition().decode()
     assert "gem_encoding_deferred_total 1.0" in text
     assert 'gem_passthroughs_total{reason="analysis_deferred"} 1.0' in text
+
+
+def test_a_deferral_answered_while_the_compressor_stops_is_not_turned_into_an_error():
+    """`Compressor.prepare` after `close` (a compression that finished during shutdown): nothing raised, nothing
+    left queued, so the deferred result still goes out."""
+    pytest.importorskip("prometheus_client")
+    from gemkernels.serve.compressor import Compressor
+    from gemkernels.serve.config import ServerConfig
+    from gemkernels.serve.metrics import Metrics
+
+    compressor = Compressor(ServerConfig(upstream="http://127.0.0.1:9", encoder="hash"), Metrics())
+    compressor.close()
+    compressor.prepare(MESSAGES, "s", "t")
+    assert not compressor.preparing
