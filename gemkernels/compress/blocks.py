@@ -76,6 +76,8 @@ class History:
     format: str
     spans: tuple[Span, ...]
     roles: Sequence[Any] | None = None  # each message's role, where the parse read them
+    # (n, found): whether the first n messages carry signed thinking, known from a parse they were part of
+    thinking_known: tuple[int, bool] = (0, False)
 
     @property
     def prefix_end(self) -> int:
@@ -94,13 +96,17 @@ class History:
     @cached_property
     def carries_thinking(self) -> bool:
         """Whether a message carries signed thinking (`carries_thinking`); an Anthropic history (``anthropic``
-        format) always counts, as its next response may."""
-        if self.format == ANTHROPIC or any(map(dict.get, self.messages, repeat("thinking_blocks"))) or any(
-                map(dict.get, self.messages, repeat("reasoning_details"))):
+        format) always counts, as its next response may. Messages `thinking_known` covers are not read again."""
+        known, found = self.thinking_known
+        if found or self.format == ANTHROPIC:
+            return True
+        messages = self.messages[known:] if known else self.messages
+        if any(map(dict.get, messages, repeat("thinking_blocks"))) or any(
+                map(dict.get, messages, repeat("reasoning_details"))):
             return True
         if self.format == RESPONSES:
             return False
-        contents = list(map(dict.get, self.messages, repeat("content")))
+        contents = list(map(dict.get, messages, repeat("content")))
         return list in set(map(type, contents)) and any(isinstance(c, list) and any(map(is_thinking_part, c))
                                                         for c in contents)
 

@@ -50,7 +50,7 @@ LIST_HEADER = 5
 class ParsedHistory:
     """What one request's parse leaves for the next of its session: how many messages it read, the length and
     SHA-256 of the bytes they were written in (`MessageBytes`), and what the parse found (format, blocks, roles,
-    block identities, and every call id the messages use)."""
+    block identities, every call id the messages use, and whether they carry signed thinking)."""
 
     count: int
     nbytes: int
@@ -61,6 +61,7 @@ class ParsedHistory:
     keys: tuple[Hashable, ...]
     call_ids: frozenset[str]
     open_end: bool  # messages at its end would join a block that starts after them (Responses reasoning, `ends_open`)
+    thinking: bool = False  # whether a message carries signed thinking (`History.carries_thinking`)
 
     @property
     def held_bytes(self) -> int:
@@ -105,7 +106,7 @@ class MessageBytes:
         if call_ids is None:
             call_ids = used_call_ids(history.format, messages, history.spans)
         return ParsedHistory(len(messages), len(self.view), self.digest(len(self.view)), history.format,
-                             history.spans, roles, keys, call_ids, open_end)
+                             history.spans, roles, keys, call_ids, open_end, history.carries_thinking)
 
 
 class Marshalled(MessageBytes):
@@ -202,5 +203,6 @@ def finished(last: ParsedHistory, messages: Sequence[Any], added: Sequence[Span]
              identify: Callable[[str, Sequence[Any], Sequence[Span]], tuple[Hashable, ...]],
              ids: frozenset[str]) -> tuple[History, tuple[Hashable, ...], frozenset[str]]:
     """The resumed history: the last request's blocks, roles, identities and call ids, and the added ones."""
-    history = History(messages, last.format, last.spans + tuple(added), last.roles + tuple(roles))
+    history = History(messages, last.format, last.spans + tuple(added), last.roles + tuple(roles),
+                      (last.count, last.thinking))
     return history, last.keys + identify(last.format, messages, added), last.call_ids | ids

@@ -32,8 +32,20 @@ def identify(fmt, messages, spans):
     return tuple(local_digest(what(messages, span)) for span in spans)
 
 
+def thinking_message(draw) -> dict:
+    """An assistant message that carries signed thinking, in one of the forms chat histories hold it."""
+    return draw(st.sampled_from([
+        {"role": "assistant", "content": "t",
+         "thinking_blocks": [{"type": "thinking", "thinking": "x", "signature": "s"}]},
+        {"role": "assistant", "content": "t", "reasoning_details": [{"type": "reasoning.text", "signature": "s"}]},
+        {"role": "assistant", "content": [{"type": "reasoning", "reasoning": "x", "extras": {"signature": "s"}}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "signature": "s"}]}]))
+
+
 def openai_piece(draw):
-    kind = draw(st.sampled_from(["call", "call", "result", "result", "user", "assistant", "bad"]))
+    kind = draw(st.sampled_from(["call", "call", "result", "result", "user", "assistant", "bad", "thinking"]))
+    if kind == "thinking":
+        return thinking_message(draw)
     if kind == "call":
         ids = draw(st.lists(IDS, min_size=1, max_size=2))
         return {"role": "assistant", "content": draw(st.text(max_size=3)),
@@ -131,6 +143,7 @@ def test_a_resumed_parse_is_the_whole_parse_or_refuses(pair):
     assert (history.format, history.spans, tuple(history.roles)) == \
         (expected.format, expected.spans, tuple(expected.roles))
     assert keys == identify(expected.format, now_copy, expected.spans)
+    assert history.carries_thinking == expected.carries_thinking  # read from the tail only
 
 
 def test_a_grown_history_resumes_and_a_changed_one_does_not():
@@ -306,3 +319,32 @@ def test_reasoning_left_pending_behind_an_output_is_not_resumed_past(between):
     assert resume(parsed, now_copy, Marshalled(now_copy), identify) is None  # the whole parse says where it goes
     expected = parse_history(now_copy)
     assert expected.spans[-1].positions[0] == (2 if between else 3)  # the pending reasoning joined call b's block
+
+
+THINKING_FORMS = [
+    lambda m: {**m, "thinking_blocks": [{"type": "thinking", "thinking": "x", "signature": "s"}]},
+    lambda m: {**m, "reasoning_details": [{"type": "reasoning.text", "text": "x", "signature": "s"}]},
+    lambda m: {**m, "content": [{"type": "reasoning", "reasoning": "x", "extras": {"signature": "s"}},
+                                {"type": "text", "text": m["content"]}]},
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 8), st.data())
+def test_a_resumed_parse_reads_the_thinking_of_its_added_messages_only_and_says_what_a_whole_parse_says(n, data):
+    """Chat histories whose calls carry signed thinking (LiteLLM, OpenRouter, LangChain v1 forms) in the last
+    request's blocks, the added ones, both or neither: the resumed parse, which reads only the added messages,
+    says `carries_thinking` as the whole parse does."""
+    blocks = data.draw(st.integers(1, n - 1), label="blocks of the last request")
+    thinking = data.draw(st.sets(st.integers(0, n - 1)), label="blocks whose call thinks")
+    form = data.draw(st.sampled_from(THINKING_FORMS), label="form")
+    messages = synthetic_history(n, seed=data.draw(st.integers(0, 3)))
+    start = len(messages) - 2 * n
+    for b in thinking:
+        messages[start + 2 * b] = form(messages[start + 2 * b])
+    last = messages[:start + 2 * blocks]
+    before = parse_history(last)
+    parsed = Marshalled(last).parsed(before, identify(before.format, last, before.spans), None)
+    now = json.loads(json.dumps(messages))
+    history, _, _ = resume(parsed, now, Marshalled(now), identify)
+    assert history.carries_thinking == parse_history(now).carries_thinking == bool(thinking)
