@@ -2,6 +2,7 @@
 LiteLLM's proxy) against a fake upstream that answers after 500 ms, and the same load sent straight to it.
 
     python -m bench.load [PATHS ...] [--sessions 10 100 200] [--steps 16] [--warm 0] [--delay 0.5] [--encoder hash]
+                         [--budget-ms 200]
                          [--modes off cache-aware paper cache-aware@redis cache-aware@process] [--redis URL]
                          [--workers N] [--threads N]
                          [--litellm /tmp/litellm-venv/bin/litellm]
@@ -20,7 +21,8 @@ the table then counts the store's round trips per request and Redis's memory per
 model routed to the upstream, no database, no master key). For each N the targets are measured one after the
 other in one run: latency (request sent to full response read) p50 / p99, added p50 / p99 (target minus direct at
 the same N), the target's CPU seconds per request (its process tree, from /proc, counted until it is idle again:
-blocks encoded in the background after their request went out included) and the client's share of a core.
+blocks encoded in the background after their request went out included), the share of gem's requests sent on
+before their blocks were encoded or analysed (``--budget-ms``: its budget) and the client's share of a core.
 With ``--warm K`` each session's first K requests are sent first and not measured, and the sessions start again,
 staggered, once the target is idle: the steady state of N sessions in flight, without all N sessions' first
 compressions (each analyses every block it holds) falling in the same second.
@@ -63,16 +65,19 @@ def serve_upstream(port: int, delay_s: float) -> None:
 
 
 def serve_gem(port: int, upstream: str, encoder: str, preset: str, overrides: tuple[str, ...],
-              store: str = "memory", compress_process: bool = False, threads: int | None = None) -> None:
+              store: str = "memory", compress_process: bool = False, threads: int | None = None,
+              budget_s: float | None = None) -> None:
     """``gem serve`` with ``preset``, ``overrides``, ``store`` and ``--compress-process``, its connection timeouts as
-    ``gem serve`` sets them, ``threads`` compression threads (None: its default); access log off (as for LiteLLM)."""
+    ``gem serve`` sets them, ``threads`` compression threads and a ``budget_s`` encoding budget (None: its
+    defaults); access log off (as for LiteLLM)."""
     import uvicorn
 
     from gemkernels.serve.app import ServerConfig, create_app
     from gemkernels.serve.connections import uvicorn_options
 
     config = ServerConfig(upstream=upstream, encoder=encoder, preset=preset, overrides=overrides, store=store,
-                          compress_process=compress_process, **({} if threads is None else {"threads": threads}))
+                          compress_process=compress_process, **({} if threads is None else {"threads": threads}),
+                          **({} if budget_s is None else {"encode_budget": budget_s}))
     uvicorn.run(create_app(config), host="127.0.0.1", port=port, log_level="warning", **uvicorn_options())
 
 
@@ -168,6 +173,7 @@ class Phase:
     target_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
     store_round_trips: float | None = None  # to the shared session store, over the phase (gem with --store only)
+    deferred: float | None = None  # requests sent on before their blocks were encoded or analysed (gem only)
 
 
 async def replay(url: str, bodies: list[list[bytes]], tag: str, delay_s: float, phase: Phase) -> None:
@@ -216,26 +222,33 @@ def measure(target: str, url: str, pid: int | None, runs: list[Run], sessions: i
         bodies = [requests[warm:] for requests in bodies]
     phase = Phase(target, sessions)
     cpu_before = tree_cpu_seconds(pid) if pid else 0.0
-    trips_before = store_round_trips(url) if pid else None
+    before = gem_counters(url) if pid else None
     asyncio.run(replay(url, bodies, tag, delay_s, phase))
     if pid:
         settle(pid)
         phase.target_cpu_s = tree_cpu_seconds(pid) - cpu_before
-        if trips_before is not None:
-            phase.store_round_trips = store_round_trips(url) - trips_before
+        if before is not None:
+            after = gem_counters(url) or before
+            phase.store_round_trips, phase.deferred = (after[i] - before[i] for i in range(2))
     return phase
 
 
-def store_round_trips(url: str) -> float | None:
-    """The ``gem_store_round_trips_total`` of a gem target, every worker's (None for any other target)."""
+#: The gem counters a phase reports, per request: store round trips, deferred requests.
+GEM_COUNTERS = ("gem_store_round_trips_total ", "gem_encoding_deferred_total ")
+
+
+def gem_counters(url: str) -> tuple[float, ...] | None:
+    """`GEM_COUNTERS` of a gem target, every worker's (None for any other target)."""
     try:
         text = httpx.get(url + "/metrics", timeout=5).text
     except httpx.HTTPError:
         return None
+    values = dict.fromkeys(GEM_COUNTERS, 0.0)
     for line in text.splitlines():
-        if line.startswith("gem_store_round_trips_total "):
-            return float(line.split()[1])
-    return None
+        if line.startswith(GEM_COUNTERS):
+            name, _, value = line.rpartition(" ")
+            values[name + " "] = float(value)
+    return tuple(values.values()) if "gem_" in text else None
 
 
 def redis_memory(url: str) -> str:
@@ -258,17 +271,18 @@ def table(phases: list[Phase]) -> str:
     kinds of the errors under it."""
     direct = {p.sessions: percentiles(p.latencies) for p in phases if p.target == "direct"}
     lines = [("| target | sessions in flight | requests (errors) | req/s | p50 / p99 ms | added p50 / p99 ms "
-              "| target CPU ms / request | store round trips / request | client core share |"),
-             "|---|---|---|---|---|---|---|---|---|"]
+              "| target CPU ms / request | deferred / request | store round trips / request | client core share |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for p in phases:
         p50, p99 = percentiles(p.latencies)
         d50, d99 = direct[p.sessions]
         added = "-" if p.target == "direct" else f"{p50 - d50:.1f} / {p99 - d99:.1f}"
         cpu = "-" if p.target == "direct" else f"{1e3 * p.target_cpu_s / len(p.latencies):.2f}"
         trips = "-" if p.store_round_trips is None else f"{p.store_round_trips / len(p.latencies):.2f}"
+        deferred = "-" if p.deferred is None else f"{p.deferred / len(p.latencies):.3f}"
         lines.append(f"| {p.target} | {p.sessions} | {len(p.latencies)} ({sum(p.errors.values())}) | "
-                     f"{len(p.latencies) / p.wall_s:.0f} | {p50:.1f} / {p99:.1f} | {added} | {cpu} | {trips} | "
-                     f"{p.client_cpu_s / p.wall_s:.2f} |")
+                     f"{len(p.latencies) / p.wall_s:.0f} | {p50:.1f} / {p99:.1f} | {added} | {cpu} | {deferred} | "
+                     f"{trips} | {p.client_cpu_s / p.wall_s:.2f} |")
     lines.extend(f"errors, {p.target} at {p.sessions}: {p.errors}" for p in phases if p.errors)
     return "\n".join(lines)
 
@@ -292,6 +306,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1,
                         help="the @redis modes run as gem serve --workers N (one process per core)")
     parser.add_argument("--threads", type=int, help="gem's compression threads (default: gem serve's)")
+    parser.add_argument("--budget-ms", type=float, help="gem's encoding and analysis budget (default: gem serve's)")
     parser.add_argument("--litellm", help="LiteLLM's executable (e.g. /tmp/litellm-venv/bin/litellm): measure it too")
     parser.add_argument("--json", help="also write the per-phase figures here")
     args = parser.parse_args()
@@ -318,14 +333,15 @@ def main() -> None:
             if where == "redis" and args.workers > 1:
                 server = GemServeProcess("--upstream", upstream, "--encoder", args.encoder, "--preset", preset,
                                          *[f"--set={item}" for item in overrides], "--store", redis_url,
-                                         "--workers", str(args.workers))
+                                         "--workers", str(args.workers), *([] if args.budget_ms is None else
+                                                                           ["--encode-budget-ms", str(args.budget_ms)]))
                 server.__enter__()
                 stops.append(server.kill)
                 url, pid = server.url, server.process.pid
                 name += f", sessions in Redis, {args.workers} workers"
             else:
                 proc, url = start(serve_gem, upstream, args.encoder, preset, overrides, store, where == "process",
-                                  args.threads)
+                                  args.threads, None if args.budget_ms is None else args.budget_ms / 1000)
                 stops.append(proc.kill)
                 pid = proc.pid
                 name += {"redis": ", sessions in Redis", "process": ", compression process"}.get(where, "")
