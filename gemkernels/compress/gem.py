@@ -244,7 +244,9 @@ class GEM:
         ``deadline``: a ``time.monotonic()`` past which the request stops analysing blocks (token counts, evidence
         features, the router's lexicons) and goes out as one whose encoding was deferred does: the session's saved
         forwarded set with the new blocks appended, else unchanged, the session left as it was; what it analysed
-        waits for the session's next request, and `prepare` does the rest."""
+        waits for the session's next request, and `prepare` does the rest. A rewrite that only might repay (the
+        cost bound let its ranking run) and runs out of time appends instead, as if the bound had said no, and
+        saves the lexicons it read."""
         started = time.perf_counter()
         if thinking not in THINKING_MODES:
             raise ValueError(f"thinking must be one of {', '.join(THINKING_MODES)}, got {thinking!r}")
@@ -287,10 +289,14 @@ class GEM:
         state = local_get(store_key) if local_get is not None else self.store.get(store_key)
         saved = {} if state is None else state.block_cache
         keys = self._identities(history.format, messages, history.spans)
-        cache = dict(saved)
-        infos, _ = self._block_infos(history, keys, cache, 0, None, store_key)
+        cache, pending = dict(saved), self.pending.get(store_key)
+        infos, _ = self._block_infos(history, keys, cache, 0, None, pending)
         if self.ranks_lexicons:
-            infos = list(self._read_lexicons(BlockColumns.of(infos), history, keys, cache, None, store_key).infos)
+            columns = self._with_lexicons(BlockColumns.of(infos), keys, pending, cache)
+            infos = list(self._read_lexicons(columns, history, keys, cache).infos)
+        now = local_get(store_key) if local_get is not None else self.store.get(store_key)
+        if (now is None) != (state is None) or (now is not None and now.block_keys != state.block_keys):
+            return 0  # a request of the session saved meanwhile, with its own analyses
         fresh = {key: info for key, info in zip(keys, infos) if saved.get(key) is not info}
         self.pending.add(store_key, fresh)
         return len(fresh)
@@ -355,11 +361,14 @@ class GEM:
         seen = len(state.block_keys) if state is not None else 0  # blocks of the last request
         prior = state.columns if state is not None and keys[:seen] == state.block_keys else None
         cache = {} if state is None else dict(state.block_cache)  # the saved state's is left as it is until a save
+        pending = self.pending.get(store_key)  # what deferred requests of the session and `prepare` analysed
         encode_started = time.perf_counter()
         try:
             start = seen if prior is not None else 0
-            new_infos, encoded = self._block_infos(history, keys, cache, start, deadline, store_key)
+            new_infos, encoded = self._block_infos(history, keys, cache, start, deadline, pending)
             columns = prior.extended(new_infos) if prior is not None else BlockColumns.of(new_infos)
+            if pending and self.ranks_lexicons:  # lexicons read for blocks the saved state holds without one
+                columns = self._with_lexicons(columns, keys, pending, cache)
             task_embedding = self.encoder.encode([goal_text])[0] if goal_text.strip() else None
         except EncodingDeferred as err:
             why = ENCODING_DEFERRED
@@ -400,7 +409,7 @@ class GEM:
         def rewritten() -> tuple[set[int], list[int], float | None]:
             nonlocal columns
             if cfg.ranking == "router":  # its live references read the held index: brought up to date, then kept
-                columns = self._read_lexicons(columns, history, keys, cache, deadline, store_key).indexed()
+                columns = self._read_lexicons(columns, history, keys, cache, deadline).indexed()
             return self._rewrite(columns, block_chars, seeds, eligible, chars_before, task_embedding)
 
         rewrite: tuple[set[int], list[int], float | None] | None = None
@@ -413,8 +422,7 @@ class GEM:
                 rewrite = rewritten()
                 reason = repay_reason(appended, rewrite[0], sizes, cfg)
             except AnalysisDeferred as err:  # a rewrite that may repay, out of time: it appends, as if it did not
-                cache.update(err.analysed)  # the lexicons it read are saved; the next ranking reads the rest
-                columns = BlockColumns.of([cache[key] for key in keys])
+                columns = self._with_lexicons(columns, keys, err.analysed, cache)  # saved: a ranking reads the rest
                 ranking_cut = f"; the rewrite's ranking was deferred: {err}"
         if reason is not None:
             try:
@@ -526,30 +534,35 @@ class GEM:
         return forwarded - set(dropped), reason + note
 
     def _read_lexicons(self, columns: BlockColumns, history: History, keys: Sequence[Hashable],
-                       cache: dict[Hashable, BlockInfo], deadline: float | None = None,
-                       session: str | None = None) -> BlockColumns:
-        """``columns`` with the lexicon of every block that has none yet, pending for ``session`` or read from
-        ``history``, their infos replaced in ``cache`` too (the session keeps them); past ``deadline``,
-        `AnalysisDeferred` with the infos of those read so far (``cache`` left as it was)."""
+                       cache: dict[Hashable, BlockInfo], deadline: float | None = None) -> BlockColumns:
+        """``columns`` with the lexicon of every block that has none yet read from ``history``, their infos replaced
+        in ``cache`` too (the session keeps them); past ``deadline``, `AnalysisDeferred` with the infos of those
+        read so far (``cache`` left as it was)."""
+        read: dict[Hashable, BlockInfo] = {}
         missing = [b for b, lexicon in enumerate(columns.lexicons) if lexicon is None]
-        if not missing:
-            return columns
-        pending = self.pending.get(session) if session is not None else {}
-        infos, lexicons, added, read = list(columns.infos), list(columns.lexicons), 0, {}
         for b in missing:
-            held = pending.get(keys[b])
-            if held is not None and held.lexicon is not None:
-                lexicons[b] = held.lexicon
-            else:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise AnalysisDeferred(f"{len(read)} of {len(missing)} lexicons read at the deadline", read)
-                block = history.block(b)
-                lexicons[b] = block_lexicon(block, block_text(block, self.config.max_text_chars))
-            infos[b] = replace(infos[b], lexicon=lexicons[b], nbytes=infos[b].nbytes + lexicons[b].nbytes)
-            read[keys[b]] = infos[b]
-            added += lexicons[b].nbytes
-        cache.update((key, info) for key, info in read.items() if key in cache)
-        return replace(columns, infos=tuple(infos), lexicons=tuple(lexicons), nbytes=columns.nbytes + added)
+            if deadline is not None and time.monotonic() > deadline:
+                raise AnalysisDeferred(f"{len(read)} of {len(missing)} lexicons read at the deadline", read)
+            block = history.block(b)
+            lexicon = block_lexicon(block, block_text(block, self.config.max_text_chars))
+            read[keys[b]] = replace(columns.infos[b], lexicon=lexicon, nbytes=columns.infos[b].nbytes + lexicon.nbytes)
+        return self._with_lexicons(columns, keys, read, cache)
+
+    @staticmethod
+    def _with_lexicons(columns: BlockColumns, keys: Sequence[Hashable], analysed: Mapping[Hashable, BlockInfo],
+                       cache: dict[Hashable, BlockInfo]) -> BlockColumns:
+        """``columns`` with the infos ``analysed`` holds, with a lexicon, for blocks that have none yet (a held
+        index stays: it covers only blocks with one), those infos put in ``cache`` too."""
+        found = [b for b, lexicon in enumerate(columns.lexicons) if lexicon is None
+                 and (info := analysed.get(keys[b])) is not None and info.lexicon is not None]
+        if not found:
+            return columns
+        infos = list(columns.infos)
+        for b in found:
+            infos[b] = cache[keys[b]] = analysed[keys[b]]
+        added = sum(infos[b].nbytes - columns.infos[b].nbytes for b in found)
+        return replace(columns, infos=tuple(infos), lexicons=tuple(info.lexicon for info in infos),
+                       nbytes=columns.nbytes + added)
 
     def _rewrite(self, columns: BlockColumns, block_chars: Sequence[int], seeds: list[int],
                  eligible: np.ndarray | None, total_chars: int, task_embedding: np.ndarray | None
@@ -579,15 +592,14 @@ class GEM:
         return set(range(n)) - dropped, core, coverage
 
     def _block_infos(self, history: History, keys: Sequence[Hashable], cache: dict[Hashable, BlockInfo],
-                     start: int = 0, deadline: float | None = None, session: str | None = None
-                     ) -> tuple[list[BlockInfo], int]:
-        """The infos of blocks ``start`` onwards, cached, pending for ``session`` or computed (new blocks encoded
-        in one batch), the others added to ``cache``: (infos, newly encoded). Past ``deadline`` (`time.monotonic`),
-        `AnalysisDeferred` with the infos computed so far (``cache`` left as it was)."""
+                     start: int = 0, deadline: float | None = None,
+                     pending: Mapping[Hashable, BlockInfo] | None = None) -> tuple[list[BlockInfo], int]:
+        """The infos of blocks ``start`` onwards, cached, ``pending`` (the session's `PendingAnalysis`) or computed
+        (new blocks encoded in one batch), the others added to ``cache``: (infos, newly encoded). Past ``deadline``
+        (`time.monotonic`), `AnalysisDeferred` with the infos computed so far (``cache`` left as it was)."""
         new_ids = [b for b in range(start, len(keys)) if keys[b] not in cache]
         done: dict[Hashable, BlockInfo] = {}
-        if new_ids and session is not None:
-            pending = self.pending.get(session)
+        if new_ids and pending:
             done.update((keys[b], pending[keys[b]]) for b in new_ids if keys[b] in pending)
             new_ids = [b for b in new_ids if keys[b] not in done]
         new = [history.block(b) for b in new_ids]

@@ -61,7 +61,7 @@ class ParsedHistory:
     keys: tuple[Hashable, ...]
     call_ids: frozenset[str]
     open_end: bool  # messages at its end would join a block that starts after them (Responses reasoning, `ends_open`)
-    thinking: bool = False  # whether a message carries signed thinking (`History.carries_thinking`)
+    thinking: bool  # whether a message carries signed thinking (`History.carries_thinking`)
 
     @property
     def held_bytes(self) -> int:

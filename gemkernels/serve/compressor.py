@@ -159,11 +159,15 @@ class Compressor:
         if self.pending >= self.workers or session in self.preparing or len(self.preparing) >= PREPARE_QUEUE:
             return
         try:
-            future = self.preparer.submit(self.gem.prepare, messages, session_id, tenant)
+            future = self.preparer.submit(self._prepare, messages, session_id, tenant)
         except RuntimeError:  # shut down: the server is stopping
             return
         self.preparing.add(session)
         future.add_done_callback(lambda _: self.preparing.discard(session))
+
+    def _prepare(self, messages: Any, session_id: str | None, tenant: str | None) -> int:
+        """`GEM.prepare`, unless the compression threads have filled up since it was queued."""
+        return 0 if self.pending >= self.workers else self.gem.prepare(messages, session_id, tenant)
 
     async def aclose(self) -> None:
         """`close`, off the event loop."""

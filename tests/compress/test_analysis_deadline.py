@@ -284,3 +284,48 @@ def test_a_save_that_conflicts_keeps_the_pending_analyses_for_its_retry(monkeypa
     assert out.stats.action == RESELECTED and gem.store.get("s") is not None
     assert calls == []  # the retry found them still pending
     assert len(gem.pending) == 0
+
+
+def test_lexicons_prepared_for_saved_blocks_are_kept_by_the_next_save_even_when_it_appends(monkeypatch):
+    """A budgeted router session that appended (no lexicon read), a deferred request prepared (lexicons for every
+    block), then an appending request: its save holds every prepared lexicon, so the next ranking reads only
+    the newest block's."""
+    gem = GEM(ROUTER, encoder=HashEncoder(32), token_counter=len)
+    assert gem.compress(synthetic_history(5, seed=6), session_id="s").stats.action == APPENDED
+    six = synthetic_history(6, seed=6)
+    assert gem.compress(six, session_id="s", deadline=time.monotonic() - 1).stats.reason.startswith(
+        "analysis deferred")
+    assert gem.prepare(six, session_id="s") == 6
+    monkeypatch.setattr(gem_module, "could_repay", lambda *args: False)  # no ranking: it appends
+    assert gem.compress(six, session_id="s").stats.action == APPENDED
+    assert all(lexicon is not None for lexicon in gem.store.get("s").columns.lexicons)
+    assert len(gem.pending) == 0
+    read = []
+    lexicon = gem_module.block_lexicon
+    monkeypatch.setattr(gem_module, "block_lexicon", lambda block, text: read.append(1) or lexicon(block, text))
+    monkeypatch.setattr(gem_module, "could_repay", lambda *args: True)
+    gem.compress(synthetic_history(7, seed=6), session_id="s")
+    assert len(read) == 1
+
+
+class SavedMeanwhile(SessionStore):
+    """A store whose second read finds that a request saved since the first."""
+
+    def __init__(self, saved) -> None:
+        super().__init__()
+        self.reads, self.saved = 0, saved
+
+    def get(self, session_id):
+        self.reads += 1
+        return None if self.reads == 1 else self.saved
+
+    local_get = get
+
+
+def test_prepare_keeps_nothing_when_the_session_saved_meanwhile():
+    other = GEM(GEMConfig(min_blocks=3), encoder=HashEncoder(32), token_counter=len)
+    other.compress(synthetic_history(6, seed=8), session_id="s")
+    gem = GEM(GEMConfig(min_blocks=3), encoder=HashEncoder(32), token_counter=len,
+              store=SavedMeanwhile(other.store.get("s")))
+    assert gem.prepare(synthetic_history(6, seed=8), session_id="s") == 0
+    assert len(gem.pending) == 0
