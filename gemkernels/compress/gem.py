@@ -270,8 +270,8 @@ class GEM:
         """Analyse the blocks of ``messages`` that its session's saved state lacks (and read their lexicons where
         the router ranks) into the session's pending analysis: what a request that went out deferred left undone
         (`compress`'s ``deadline``), done after it so that the session's next request need not wait for it. The
-        session state is left as it was. Returns the blocks held pending; 0 when there is nothing to analyse or
-        anything goes wrong (logged)."""
+        session state is left as it was. Returns the blocks held pending; 0 when there is nothing to analyse, when a
+        request of the session saved another block list meanwhile, or when anything goes wrong (logged)."""
         try:
             return self._prepare(messages, session_id, tenant)
         except EncodingDeferred as err:  # the encoding queue is full: the next request encodes them
@@ -551,16 +551,18 @@ class GEM:
     @staticmethod
     def _with_lexicons(columns: BlockColumns, keys: Sequence[Hashable], analysed: Mapping[Hashable, BlockInfo],
                        cache: dict[Hashable, BlockInfo]) -> BlockColumns:
-        """``columns`` with the infos ``analysed`` holds, with a lexicon, for blocks that have none yet (a held
-        index stays: it covers only blocks with one), those infos put in ``cache`` too."""
+        """``columns`` with the lexicons that ``analysed``'s infos hold for blocks that have none yet (only the lexicon:
+        each block keeps its own counts and embedding; a held index stays, as it covers only blocks with one), their
+        infos replaced in ``cache`` too."""
         found = [b for b, lexicon in enumerate(columns.lexicons) if lexicon is None
                  and (info := analysed.get(keys[b])) is not None and info.lexicon is not None]
         if not found:
             return columns
-        infos = list(columns.infos)
+        infos, added = list(columns.infos), 0
         for b in found:
-            infos[b] = cache[keys[b]] = analysed[keys[b]]
-        added = sum(infos[b].nbytes - columns.infos[b].nbytes for b in found)
+            lexicon = analysed[keys[b]].lexicon
+            infos[b] = cache[keys[b]] = replace(infos[b], lexicon=lexicon, nbytes=infos[b].nbytes + lexicon.nbytes)
+            added += lexicon.nbytes
         return replace(columns, infos=tuple(infos), lexicons=tuple(info.lexicon for info in infos),
                        nbytes=columns.nbytes + added)
 

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import json
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 from unittest import mock
 
@@ -15,6 +16,7 @@ import pytest
 
 from gemkernels import GEM, GEMConfig
 from gemkernels.compress import gem as gem_module
+from gemkernels.compress.blocks import parse_history
 from gemkernels.compress.encoders import HashEncoder
 from gemkernels.compress.gem import APPENDED, PASSTHROUGH, RESELECTED, AnalysisDeferred
 from gemkernels.compress.sessions import PendingAnalysis, SessionConflict, SessionStore
@@ -329,3 +331,25 @@ def test_prepare_keeps_nothing_when_the_session_saved_meanwhile():
               store=SavedMeanwhile(other.store.get("s")))
     assert gem.prepare(synthetic_history(6, seed=8), session_id="s") == 0
     assert len(gem.pending) == 0
+
+
+def test_a_folded_lexicon_keeps_the_blocks_own_counts_and_embedding():
+    """Another replica's analysis of a block (same identity, its counts taken with other cache marks, say) gives only
+    its lexicon: the block keeps its own tokens, characters and embedding, and the byte count grows by the
+    lexicon's."""
+    gem = GEM(ROUTER, encoder=HashEncoder(16), token_counter=len)
+    history = synthetic_history(4, seed=9)
+    gem.compress(history, session_id="s")
+    columns = gem.store.get("s").columns
+    keys = list(gem.store.get("s").block_keys)
+    bare = replace(columns, infos=tuple(replace(i, lexicon=None) for i in columns.infos),
+                   lexicons=(None,) * len(keys))
+    theirs = replace(bare.infos[1], tokens=12345, chars=1, embedding=np.zeros(16, np.float32),
+                     lexicon=gem_module.block_lexicon(parse_history(history).block(1), "a/b.py"))
+    cache = {}
+    folded = GEM._with_lexicons(bare, keys, {keys[1]: theirs}, cache)
+    assert folded.infos[1].lexicon is theirs.lexicon and folded.lexicons[1] is theirs.lexicon
+    assert (folded.infos[1].tokens, folded.infos[1].chars) == (bare.infos[1].tokens, bare.infos[1].chars)
+    assert folded.infos[1].embedding is bare.infos[1].embedding and cache == {keys[1]: folded.infos[1]}
+    assert folded.nbytes == bare.nbytes + theirs.lexicon.nbytes
+    assert [i.lexicon for i in folded.infos[:1] + folded.infos[2:]] == [None] * (len(keys) - 1)
