@@ -59,7 +59,9 @@ def reference(rows: list[int] | None = None) -> tuple[list[str], np.ndarray]:
 
 @given(st.floats(-8, 8, allow_nan=False, width=32))
 def test_erf_matches_the_standard_library(x):
-    assert abs(float(erf(np.array([x], dtype=np.float32))[0]) - math.erf(x)) < 5e-7
+    """Within 1e-6: the formula's 1.5e-7 and float32's rounding (6.4e-7 at most on a 4-million-point grid; 5e-7
+    failed at x = 0.01943)."""
+    assert abs(float(erf(np.array([x], dtype=np.float32))[0]) - math.erf(x)) < 1e-6
 
 
 @given(st.lists(st.integers(1, 5), max_size=60), st.integers(1, 7))
