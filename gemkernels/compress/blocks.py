@@ -98,17 +98,7 @@ class History:
         """Whether a message carries signed thinking (`carries_thinking`); an Anthropic history (``anthropic``
         format) always counts, as its next response may. Messages `thinking_known` covers are not read again."""
         known, found = self.thinking_known
-        if found or self.format == ANTHROPIC:
-            return True
-        messages = self.messages[known:] if known else self.messages
-        if any(map(dict.get, messages, repeat("thinking_blocks"))) or any(
-                map(dict.get, messages, repeat("reasoning_details"))):
-            return True
-        if self.format == RESPONSES:
-            return False
-        contents = list(map(dict.get, messages, repeat("content")))
-        return list in set(map(type, contents)) and any(isinstance(c, list) and any(map(is_thinking_part, c))
-                                                        for c in contents)
+        return found or self.format == ANTHROPIC or any(map(carries_thinking, self.messages[known:]))
 
     @cached_property
     def blocks(self) -> tuple[Block, ...]:

@@ -77,6 +77,7 @@ NO_LEXICON = Lexicon(EMPTY, EMPTY)  # a block's, under a config that reads no le
 PASSTHROUGH, UNCHANGED, RESELECTED, APPENDED = "passthrough", "unchanged", "reselected", "appended"
 #: How the reason of a request that went out before its blocks were encoded, or analysed, begins.
 ENCODING_DEFERRED, ANALYSIS_DEFERRED = "encoding deferred", "analysis deferred"
+DEFERRED = (ENCODING_DEFERRED, ANALYSIS_DEFERRED)
 
 
 class AnalysisDeferred(EncodingDeferred):
@@ -285,8 +286,8 @@ class GEM:
         if len(history.spans) < self.config.min_blocks:
             return 0
         store_key = session_key(session_id or prefix_session_id(history), tenant)
-        local_get = getattr(self.store, "local_get", None)  # a shared store's copy in this process: no round trip
-        state = local_get(store_key) if local_get is not None else self.store.get(store_key)
+        read_state = getattr(self.store, "local_get", self.store.get)  # a shared store's copy here: no round trip
+        state = read_state(store_key)
         saved = {} if state is None else state.block_cache
         keys = self._identities(history.format, messages, history.spans)
         cache, pending = dict(saved), self.pending.get(store_key)
@@ -294,7 +295,7 @@ class GEM:
         if self.ranks_lexicons:
             columns = self._with_lexicons(BlockColumns.of(infos), keys, pending, cache)
             infos = list(self._read_lexicons(columns, history, keys, cache).infos)
-        now = local_get(store_key) if local_get is not None else self.store.get(store_key)
+        now = read_state(store_key)
         if (now is None) != (state is None) or (now is not None and now.block_keys != state.block_keys):
             return 0  # a request of the session saved meanwhile, with its own analyses
         fresh = {key: info for key, info in zip(keys, infos) if saved.get(key) is not info}
@@ -306,7 +307,7 @@ class GEM:
         (``thinking_bound``); the session named by the caller, else by the messages before the first call."""
         count = len(messages) if isinstance(messages, (list, tuple)) else 0
         if session_id is None and count and set(map(type, messages)) <= {dict}:
-            session_id = prefix_session_id(History(messages, ANTHROPIC, (Span((first_call(messages),), ()),)))
+            session_id = prefix_id(messages[:first_call(messages)])
         stats = CompressionStats(UNCHANGED, THINKING_BOUND, session_id, blocks=blocks, messages_before=count,
                                  messages_after=count, seconds={"total": time.perf_counter() - started})
         return Compressed(messages, stats)
@@ -741,9 +742,14 @@ def session_key(session_id: str, tenant: str | None) -> str:
 
 def prefix_session_id(history: History) -> str:
     """A session id for callers that give none: the hash of the prefix (system prompt and task)."""
-    prefix = json.dumps([{**m, "content": without_cache_marks(m.get("content"))} if isinstance(m, dict) else m
-                         for m in history.messages[:history.prefix_end]], sort_keys=True, default=str)
-    return "prefix-" + hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return prefix_id(history.messages[:history.prefix_end])
+
+
+def prefix_id(prefix: Sequence[Any]) -> str:
+    """The session id of the messages before a history's first block (`prefix_session_id`)."""
+    text = json.dumps([{**m, "content": without_cache_marks(m.get("content"))} if isinstance(m, dict) else m
+                       for m in prefix], sort_keys=True, default=str)
+    return "prefix-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def block_tokens(info: BlockInfo) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 from gemkernels.compress.config import GEMConfig, with_overrides
 from gemkernels.compress.encoders import Encoder, make_encoder
-from gemkernels.compress.gem import ANALYSIS_DEFERRED, ENCODING_DEFERRED, GEM, PASSTHROUGH, Compressed
+from gemkernels.compress.gem import DEFERRED, GEM, PASSTHROUGH, Compressed
 from gemkernels.compress.sessions import SessionLocks, SessionStore, StateStore
 from gemkernels.select.api import warm_up
 from gemkernels.serve.batching import SelectionBatcher
@@ -138,7 +138,7 @@ class Compressor:
             self.metrics.pending.dec()
             self.metrics.sessions.set(len(self.gem.store))  # the store changes only inside compressions
         self.metrics.observe_compression(route, result)
-        if save and result.stats.reason.startswith((ENCODING_DEFERRED, ANALYSIS_DEFERRED)):
+        if save and result.stats.reason.startswith(DEFERRED):
             self.prepare(messages, session_id or result.stats.session_id, tenant)
         return result
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gemkernels.compress.gem import ANALYSIS_DEFERRED, ENCODING_DEFERRED, PASSTHROUGH, UNSAVED, Compressed
+from gemkernels.compress.gem import ANALYSIS_DEFERRED, DEFERRED, ENCODING_DEFERRED, PASSTHROUGH, UNSAVED, Compressed
 
 LATENCY_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1)
 #: The variable naming the multiprocess directory; prometheus_client reads it when it is imported.
@@ -96,7 +96,7 @@ class Metrics:
         self.requests.labels(route, stats.action).inc()
         if stats.action == PASSTHROUGH:
             self.passthroughs.labels(passthrough_reason(stats.reason)).inc()
-        if stats.reason.startswith((ENCODING_DEFERRED, ANALYSIS_DEFERRED)):
+        if stats.reason.startswith(DEFERRED):
             self.deferred.inc()
         if stats.action != PASSTHROUGH and UNSAVED in stats.reason:  # a passthrough's reason may quote a client
             self.store_unsaved.inc()
