@@ -22,7 +22,8 @@ model routed to the upstream, no database, no master key). For each N the target
 other in one run: latency (request sent to full response read) p50 / p99, added p50 / p99 (target minus direct at
 the same N), the target's CPU seconds per request (its process tree, from /proc, counted until it is idle again:
 blocks encoded in the background after their request went out included), the share of gem's requests sent on
-before their blocks were encoded or analysed (``--budget-ms``: its budget) and the client's share of a core.
+before their blocks were encoded or analysed (``--budget-ms``: its budget), the mean time a compression waited for
+a thread or its session's earlier request (``queued``: gem's saturation), and the client's share of a core.
 With ``--warm K`` each session's first K requests are sent first and not measured, and the sessions start again,
 staggered, once the target is idle: the steady state of N sessions in flight, without all N sessions' first
 compressions (each analyses every block it holds) falling in the same second.
@@ -174,6 +175,7 @@ class Phase:
     client_cpu_s: float = 0.0
     store_round_trips: float | None = None  # to the shared session store, over the phase (gem with --store only)
     deferred: float | None = None  # requests sent on before their blocks were encoded or analysed (gem only)
+    queued_s: float | None = None  # seconds compressions waited for a thread or their session's earlier request
 
 
 async def replay(url: str, bodies: list[list[bytes]], tag: str, delay_s: float, phase: Phase) -> None:
@@ -229,12 +231,13 @@ def measure(target: str, url: str, pid: int | None, runs: list[Run], sessions: i
         phase.target_cpu_s = tree_cpu_seconds(pid) - cpu_before
         if before is not None:
             after = gem_counters(url) or before
-            phase.store_round_trips, phase.deferred = (after[i] - before[i] for i in range(2))
+            phase.store_round_trips, phase.deferred, phase.queued_s = (after[i] - before[i] for i in range(3))
     return phase
 
 
-#: The gem counters a phase reports, per request: store round trips, deferred requests.
-GEM_COUNTERS = ("gem_store_round_trips_total ", "gem_encoding_deferred_total ")
+#: The gem counters a phase reports, per request: store round trips, deferred requests, seconds queued.
+GEM_COUNTERS = ("gem_store_round_trips_total ", "gem_encoding_deferred_total ",
+                'gem_stage_seconds_sum{stage="queued"} ')
 
 
 def gem_counters(url: str) -> tuple[float, ...] | None:
@@ -271,8 +274,9 @@ def table(phases: list[Phase]) -> str:
     kinds of the errors under it."""
     direct = {p.sessions: percentiles(p.latencies) for p in phases if p.target == "direct"}
     lines = [("| target | sessions in flight | requests (errors) | req/s | p50 / p99 ms | added p50 / p99 ms "
-              "| target CPU ms / request | deferred / request | store round trips / request | client core share |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+              "| target CPU ms / request | deferred / request | queued ms / request | store round trips / request "
+              "| client core share |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in phases:
         p50, p99 = percentiles(p.latencies)
         d50, d99 = direct[p.sessions]
@@ -280,9 +284,10 @@ def table(phases: list[Phase]) -> str:
         cpu = "-" if p.target == "direct" else f"{1e3 * p.target_cpu_s / len(p.latencies):.2f}"
         trips = "-" if p.store_round_trips is None else f"{p.store_round_trips / len(p.latencies):.2f}"
         deferred = "-" if p.deferred is None else f"{p.deferred / len(p.latencies):.3f}"
+        queued = "-" if p.queued_s is None else f"{1e3 * p.queued_s / len(p.latencies):.1f}"
         lines.append(f"| {p.target} | {p.sessions} | {len(p.latencies)} ({sum(p.errors.values())}) | "
                      f"{len(p.latencies) / p.wall_s:.0f} | {p50:.1f} / {p99:.1f} | {added} | {cpu} | {deferred} | "
-                     f"{trips} | {p.client_cpu_s / p.wall_s:.2f} |")
+                     f"{queued} | {trips} | {p.client_cpu_s / p.wall_s:.2f} |")
     lines.extend(f"errors, {p.target} at {p.sessions}: {p.errors}" for p in phases if p.errors)
     return "\n".join(lines)
 

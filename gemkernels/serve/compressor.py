@@ -127,7 +127,7 @@ class Compressor:
         try:
             result = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._compress, messages, session_id, goal, message_sizes, tenant, deadline, save,
-                message_bytes, thinking)
+                message_bytes, thinking, started)
         except Exception:
             logger.exception("gemkernels: compression crashed; forwarding the original request")
             self.metrics.requests.labels(route, PASSTHROUGH).inc()
@@ -145,11 +145,16 @@ class Compressor:
     def _compress(self, messages: Any, session_id: str | None, goal: str | None,
                   message_sizes: Sequence[int] | None, tenant: str | None, deadline: float | None,
                   save: bool, message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None,
-                  thinking: str) -> Compressed:
+                  thinking: str, started: float) -> Compressed:
+        """`GEM.compress` in this thread, once the session's earlier request is done; its stats' ``queued`` seconds
+        are those it waited for a thread and for that request (from ``started``, `time.monotonic`)."""
         with self.locks.of(messages, session_id, tenant), self.encoder.deadline(deadline):
-            return self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
-                                     tenant=tenant, save=save, message_bytes=message_bytes,
-                                     thinking=thinking, deadline=deadline)
+            queued = time.monotonic() - started
+            result = self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
+                                       tenant=tenant, save=save, message_bytes=message_bytes,
+                                       thinking=thinking, deadline=deadline)
+        result.stats.seconds["queued"] = queued
+        return result
 
     def prepare(self, messages: Any, session_id: str | None, tenant: str | None) -> None:
         """Queue `GEM.prepare` of a deferred request's history on the preparing thread while the compression threads

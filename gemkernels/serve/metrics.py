@@ -55,8 +55,9 @@ class Metrics:
         self.chars = Counter("gem_chars", "Serialised message characters", ["stage"], registry=r)
         self.tokens = Counter("gem_tokens", "o200k message tokens (when counted)", ["stage"], registry=r)
         self.upstream_errors = Counter("gem_upstream_errors", "Upstream failures by kind", ["kind"], registry=r)
-        self.stage_seconds = Histogram("gem_stage_seconds", "GEM stage latency (encode, select, total)", ["stage"],
-                                       registry=r, buckets=LATENCY_BUCKETS + (2, 5))
+        self.stage_seconds = Histogram("gem_stage_seconds", "GEM stage latency (queued: waiting for a compression "
+                                       "thread and the session's earlier request; encode, select, total: in GEM)",
+                                       ["stage"], registry=r, buckets=LATENCY_BUCKETS + (2, 5))
         self.batch_size = Histogram("gem_batch_size", "Requests per batched call", ["kind"], registry=r,
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
         self.batch_seconds = Histogram("gem_batch_seconds", "Seconds per batched call", ["kind"], registry=r,

@@ -424,3 +424,40 @@ def test_wrap_binds_an_anthropic_clients_history_unless_it_asks_drop_block():
     drop = {"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
     sent = wrap(client, gem=gem).messages.create(model="claude", messages=history, thinking=drop)["messages"]
     assert len(sent) < len(history)
+
+
+@pytest.mark.parametrize("threads, sessions", [(1, ("a", "b")), (2, ("a", "a"))])
+def test_the_wait_for_a_thread_or_the_sessions_earlier_request_is_reported(threads, sessions):
+    """A compression that waits behind a 0.4 s one, for the only thread or for its session's lock, reports that wait
+    as its ``queued`` seconds and in ``gem_stage_seconds{stage="queued"}``; the first reports none."""
+    from gemkernels.serve.compressor import Compressor
+    from gemkernels.serve.metrics import Metrics
+
+    metrics = Metrics()
+    compressor = Compressor(ServerConfig(upstream="http://127.0.0.1:9", encoder="hash", threads=threads), metrics)
+    real, entered = compressor.gem.compress, threading.Event()
+
+    def slow_first(*args, **kwargs):
+        if not entered.is_set():
+            entered.set()
+            time.sleep(0.4)
+        return real(*args, **kwargs)
+
+    compressor.gem.compress = slow_first
+
+    async def run():
+        first = asyncio.ensure_future(compressor.compress("/v1/chat/completions", MESSAGES, sessions[0], tenant="t"))
+        await asyncio.to_thread(entered.wait, 10)
+        second = await compressor.compress("/v1/chat/completions", MESSAGES, sessions[1], tenant="t")
+        return await first, second
+
+    try:
+        first, second = asyncio.run(run())
+    finally:
+        compressor.close()
+    assert first.stats.seconds["queued"] < 0.2
+    assert 0.25 < second.stats.seconds["queued"] < 5
+    text = metrics.exposition().decode()
+    assert 'gem_stage_seconds_count{stage="queued"} 2.0' in text
+    total = float(re.search(r'gem_stage_seconds_sum\{stage="queued"\} (\S+)', text).group(1))
+    assert total == pytest.approx(first.stats.seconds["queued"] + second.stats.seconds["queued"])
