@@ -461,3 +461,45 @@ def test_the_wait_for_a_thread_or_the_sessions_earlier_request_is_reported(threa
     assert 'gem_stage_seconds_count{stage="queued"} 2.0' in text
     total = float(re.search(r'gem_stage_seconds_sum\{stage="queued"\} (\S+)', text).group(1))
     assert total == pytest.approx(first.stats.seconds["queued"] + second.stats.seconds["queued"])
+
+
+def test_a_compression_with_requests_waiting_behind_it_ranks_no_optional_rewrite():
+    """One thread: the first request runs alone (rankings allowed); the second starts while the third waits for the
+    thread (no optional ranking, counted in ``gem_rankings_shed_total`` when its reason says so); the third starts
+    with none waiting."""
+    from gemkernels.compress.gem import APPENDED, RANKING_SHED, Compressed, CompressionStats
+    from gemkernels.serve.compressor import Compressor
+    from gemkernels.serve.metrics import Metrics
+
+    metrics = Metrics()
+    compressor = Compressor(ServerConfig(upstream="http://127.0.0.1:9", encoder="hash", threads=1), metrics)
+    real, entered, release, flags = compressor.gem.compress, threading.Event(), threading.Event(), {}
+
+    def recording(messages, session_id=None, **kwargs):
+        flags[session_id] = kwargs["optional_rankings"]
+        if session_id == "first":
+            entered.set()
+            release.wait(10)
+        result = real(messages, session_id=session_id, **kwargs)
+        if not kwargs["optional_rankings"]:  # as GEM says it when the cost bound lets a ranking through
+            result = Compressed(result.messages, CompressionStats(APPENDED, "1 new blocks appended" + RANKING_SHED,
+                                                                  session_id))
+        return result
+
+    compressor.gem.compress = recording
+
+    async def run():
+        first = asyncio.ensure_future(compressor.compress("/v1/chat/completions", MESSAGES, "first", tenant="t"))
+        await asyncio.to_thread(entered.wait, 10)
+        later = [asyncio.ensure_future(compressor.compress("/v1/chat/completions", MESSAGES, name, tenant="t"))
+                 for name in ("second", "third")]
+        await asyncio.sleep(0.05)
+        release.set()
+        return await asyncio.gather(first, *later)
+
+    try:
+        asyncio.run(run())
+    finally:
+        compressor.close()
+    assert flags == {"first": True, "second": False, "third": True}
+    assert "gem_rankings_shed_total 1.0" in metrics.exposition().decode()
