@@ -78,8 +78,6 @@ PASSTHROUGH, UNCHANGED, RESELECTED, APPENDED = "passthrough", "unchanged", "rese
 #: How the reason of a request that went out before its blocks were encoded, or analysed, begins.
 ENCODING_DEFERRED, ANALYSIS_DEFERRED = "encoding deferred", "analysis deferred"
 DEFERRED = (ENCODING_DEFERRED, ANALYSIS_DEFERRED)
-#: How an appending request's reason ends when a rewrite that might repay was not ranked (``optional_rankings``).
-RANKING_SHED = "; a rewrite that might repay was not ranked (the caller was busy)"
 
 
 class AnalysisDeferred(EncodingDeferred):
@@ -222,8 +220,7 @@ class GEM:
     def compress(self, messages: Any, session_id: str | None = None, goal: str | None = None,
                  message_sizes: Sequence[int] | None = None, tenant: str | None = None,
                  save: bool = True, message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None,
-                 thinking: str = "content", deadline: float | None = None,
-                 optional_rankings: bool = True) -> Compressed:
+                 thinking: str = "content", deadline: float | None = None) -> Compressed:
         """Compress one request; never raises for bad input, never mutates ``messages``.
 
         ``tenant``: whose session this is (a proxy passes a hash of the caller's credential): sessions of two
@@ -250,11 +247,7 @@ class GEM:
         forwarded set with the new blocks appended, else unchanged, the session left as it was; what it analysed
         waits for the session's next request, and `prepare` does the rest. A rewrite that only might repay (the
         cost bound let its ranking run) and runs out of time appends instead, as if the bound had said no, and
-        saves the lexicons it read.
-
-        ``optional_rankings=False``: such a rewrite is not ranked at all, and the request appends (a loaded proxy's
-        choice: the ranking's CPU would delay the requests waiting behind it; the session's next request that may
-        rank tries again). A rewrite that is due (a budget, the session's first request) still runs."""
+        saves the lexicons it read."""
         started = time.perf_counter()
         if thinking not in THINKING_MODES:
             raise ValueError(f"thinking must be one of {', '.join(THINKING_MODES)}, got {thinking!r}")
@@ -262,10 +255,10 @@ class GEM:
         try:
             try:
                 return self._compress(messages, session_id, goal, started, message_sizes, tenant, save,
-                                      message_bytes, mode, deadline, optional_rankings)
+                                      message_bytes, mode, deadline)
             except SessionConflict:  # another request of the session saved first: once more, from its state
                 return self._compress(messages, session_id, goal, started, message_sizes, tenant, save,
-                                      message_bytes, mode, deadline, optional_rankings)
+                                      message_bytes, mode, deadline)
         except BlockStructureError as err:
             return self._passthrough(messages, f"invalid structure: {err}", session_id, started)
         except (SessionConflict, StoreUnavailable) as err:  # a shared store's, expected: no traceback each
@@ -329,7 +322,7 @@ class GEM:
     def _compress(self, messages: Any, session_id: str | None, goal: str | None, started: float,
                   message_sizes: Sequence[int] | None, tenant: str | None, save: bool,
                   message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None, thinking: str,
-                  deadline: float | None, optional_rankings: bool) -> Compressed:
+                  deadline: float | None) -> Compressed:
         cfg = self.config
         if thinking == THINKING_API:  # whole, so not even read
             return self._bound(messages, session_id, started)
@@ -426,15 +419,12 @@ class GEM:
         ranking_cut = ""
         if reason is None and cfg.repay_factor is not None and could_repay(
                 appended, least_core_tokens(sizes, seeds, eligible, cfg), sizes, cfg):
-            if not optional_rankings:  # a loaded proxy's: the ranking would delay the requests behind this one
-                ranking_cut = RANKING_SHED
-            else:
-                try:
-                    rewrite = rewritten()
-                    reason = repay_reason(appended, rewrite[0], sizes, cfg)
-                except AnalysisDeferred as err:  # a rewrite that may repay, out of time: it appends, as if not
-                    columns = self._with_lexicons(columns, keys, err.analysed, cache)  # saved: a ranking reads on
-                    ranking_cut = f"; the rewrite's ranking was deferred: {err}"
+            try:
+                rewrite = rewritten()
+                reason = repay_reason(appended, rewrite[0], sizes, cfg)
+            except AnalysisDeferred as err:  # a rewrite that may repay, out of time: it appends, as if it did not
+                columns = self._with_lexicons(columns, keys, err.analysed, cache)  # saved: a ranking reads the rest
+                ranking_cut = f"; the rewrite's ranking was deferred: {err}"
         if reason is not None:
             try:
                 forwarded, core, coverage = rewrite or rewritten()

@@ -1,7 +1,7 @@
 """`Compressor`: GEM behind the proxy, in a bounded worker pool, one compression per session at a time, with the
 selections of concurrent requests batched, block encoding fair between requests, encoding and analysis bounded in
-time (what a request left undone finished after it, for its session's next request), optional rankings shed while
-requests wait for a thread, and the selection kernels compiled before serving."""
+time (what a request left undone finished after it, for its session's next request), and the selection kernels
+compiled before serving."""
 
 from __future__ import annotations
 
@@ -147,14 +147,12 @@ class Compressor:
                   save: bool, message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None,
                   thinking: str, started: float) -> Compressed:
         """`GEM.compress` in this thread, once the session's earlier request is done; its stats' ``queued`` seconds
-        are those it waited for a thread and for that request (from ``started``, `time.monotonic`). While other
-        requests wait for a thread, it ranks no rewrite that only might repay (GEM's ``optional_rankings``)."""
+        are those it waited for a thread and for that request (from ``started``, `time.monotonic`)."""
         with self.locks.of(messages, session_id, tenant), self.encoder.deadline(deadline):
             queued = time.monotonic() - started
             result = self.gem.compress(messages, session_id=session_id, goal=goal, message_sizes=message_sizes,
                                        tenant=tenant, save=save, message_bytes=message_bytes,
-                                       thinking=thinking, deadline=deadline,
-                                       optional_rankings=self.pending <= self.workers)
+                                       thinking=thinking, deadline=deadline)
         result.stats.seconds["queued"] = queued
         return result
 

@@ -17,16 +17,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gemkernels.compress.gem import (
-    ANALYSIS_DEFERRED,
-    APPENDED,
-    DEFERRED,
-    ENCODING_DEFERRED,
-    PASSTHROUGH,
-    RANKING_SHED,
-    UNSAVED,
-    Compressed,
-)
+from gemkernels.compress.gem import ANALYSIS_DEFERRED, DEFERRED, ENCODING_DEFERRED, PASSTHROUGH, UNSAVED, Compressed
 
 LATENCY_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1)
 #: The variable naming the multiprocess directory; prometheus_client reads it when it is imported.
@@ -73,9 +64,6 @@ class Metrics:
                                        buckets=LATENCY_BUCKETS)
         self.deferred = Counter("gem_encoding_deferred", "Requests sent on before their blocks were encoded or "
                                 "analysed", registry=r)
-        self.rankings_shed = Counter("gem_rankings_shed", "Appending requests that ranked no rewrite that might "
-                                     "repay, because other requests were waiting for a compression thread",
-                                     registry=r)
         self.sessions = Gauge("gem_sessions", "Sessions held in GEM's store (summed over workers)",
                               registry=r, multiprocess_mode="livesum")
         self.pending = Gauge("gem_pending_compressions", "Compressions queued or running", registry=r,
@@ -111,8 +99,6 @@ class Metrics:
             self.passthroughs.labels(passthrough_reason(stats.reason)).inc()
         if stats.reason.startswith(DEFERRED):
             self.deferred.inc()
-        if stats.action == APPENDED and RANKING_SHED in stats.reason:
-            self.rankings_shed.inc()
         if stats.action != PASSTHROUGH and UNSAVED in stats.reason:  # a passthrough's reason may quote a client
             self.store_unsaved.inc()
         if stats.chars_before:

@@ -17,7 +17,6 @@ from gemkernels.compress.blocks import parse_history  # noqa: E402
 from gemkernels.compress.config import resolve_config, with_overrides  # noqa: E402
 from gemkernels.compress.encoders import CachedEncoder, HashEncoder  # noqa: E402
 from gemkernels.compress.evidence import EvidenceConfig  # noqa: E402
-from gemkernels.compress.gem import RANKING_SHED  # noqa: E402
 from gemkernels.compress.policy import could_repay, least_core_tokens, renewal_gap, repay_reason, rewrite_core  # noqa: E402
 from gemkernels.compress.router.ranking import router_order  # noqa: E402
 from gemkernels.evaluate.loaders import checkpoints  # noqa: E402
@@ -180,37 +179,6 @@ def test_token_budget_rewrites_when_passed():
     rewrites, stats, _ = walk(config, messages)
     assert rewrites == [11, 18, 25]  # 11 blocks pass 10 blocks' tokens; then 4 kept + 7 new
     assert all("budget" in s.reason for s in stats if s.action == "reselected")
-
-
-def test_a_request_that_may_not_rank_appends_and_the_next_that_may_rewrites():
-    """``optional_rankings=False`` at the request whose ranking would rewrite (13 blocks): it appends, nothing
-    removed, its reason says why; the next request, which may rank, makes the rewrite; before that both sessions
-    forwarded the same."""
-    gem, shed = (GEM(REPAY, encoder=CachedEncoder(HashEncoder(64)), token_counter=None) for _ in range(2))
-    for history in steps(equal_blocks(16)):
-        n = forwarded_blocks(history)
-        want, got = gem.compress(history, session_id="s"), shed.compress(history, session_id="s",
-                                                                          optional_rankings=n != 13)
-        if n < 13:
-            assert got.messages == want.messages and got.stats.reason == want.stats.reason
-        elif n == 13:
-            assert want.stats.action == "reselected" and "repays" in want.stats.reason
-            assert got.stats.action == "appended" and got.stats.reason.endswith(RANKING_SHED)
-            assert got.messages == history and got.stats.removed_blocks == []
-        elif n == 14:
-            assert got.stats.action == "reselected" and "repays" in got.stats.reason
-            assert got.stats.removed_blocks == list(range(10))
-
-
-def test_a_due_rewrite_runs_whether_or_not_rankings_are_optional():
-    """With ``optional_rankings=False`` on every request no rewrite is made for repaying, but the blocks budget's
-    still are: past 8 forwarded blocks, at 9 blocks and then every 5 (4 kept + 5 new)."""
-    config = replace(REPAY, rewrite_above_blocks=8)
-    gem = GEM(config, encoder=CachedEncoder(HashEncoder(64)), token_counter=None)
-    stats = [gem.compress(h, session_id="s", optional_rankings=False).stats for h in steps(equal_blocks(30))]
-    rewrites = [s.blocks for s in stats if s.action == "reselected"]
-    assert rewrites == [9, 14, 19, 24, 29] and all("budget" in s.reason for s in stats if s.action == "reselected")
-    assert not any("repays" in s.reason for s in stats)
 
 
 @pytest.mark.parametrize("preset", ["cache-aware", REPAY])
