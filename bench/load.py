@@ -24,7 +24,8 @@ the same N), the target's CPU seconds per request (its process tree, from /proc,
 blocks encoded in the background after their request went out included), the share of gem's requests sent on
 before their blocks were encoded or analysed (``--budget-ms``: its budget), the mean time a compression waited for
 a thread or its session's earlier request (``queued``: gem's saturation), the share of its requests selected anew
-(rewrites), the share of the histories' o200k tokens it forwarded, and the client's share of a core.
+(rewrites), the share of the histories' characters it forwarded (deferred requests included: they count no
+tokens), and the client's share of a core.
 With ``--warm K`` each session's first K requests are sent first and not measured, and the sessions start again,
 staggered, once the target is idle: the steady state of N sessions in flight, without all N sessions' first
 compressions (each analyses every block it holds) falling in the same second.
@@ -178,7 +179,7 @@ class Phase:
     deferred: float | None = None  # requests sent on before their blocks were encoded or analysed (gem only)
     queued_s: float | None = None  # seconds compressions waited for a thread or their session's earlier request
     rewrites: float | None = None  # requests whose history was selected anew (gem only)
-    tokens: tuple[float, float] | None = None  # o200k tokens of the histories received and forwarded (gem only)
+    chars: tuple[float, float] | None = None  # characters of the histories received and forwarded (gem only)
 
 
 async def replay(url: str, bodies: list[list[bytes]], tag: str, delay_s: float, phase: Phase) -> None:
@@ -236,15 +237,15 @@ def measure(target: str, url: str, pid: int | None, runs: list[Run], sessions: i
             after = gem_counters(url) or before
             delta = [a - b for a, b in zip(after, before)]
             phase.store_round_trips, phase.deferred, phase.queued_s, phase.rewrites = delta[:4]
-            phase.tokens = (delta[4], delta[5])
+            phase.chars = (delta[4], delta[5])
     return phase
 
 
 #: The gem counters a phase reports: store round trips, deferred requests, seconds queued, requests selected anew
-#: (summed over routes), history tokens received and forwarded.
+#: (summed over routes), history characters received and forwarded.
 GEM_COUNTERS = ("gem_store_round_trips_total ", "gem_encoding_deferred_total ",
-                'gem_stage_seconds_sum{stage="queued"} ', "gem_requests_total{", 'gem_tokens_total{stage="before"} ',
-                'gem_tokens_total{stage="after"} ')
+                'gem_stage_seconds_sum{stage="queued"} ', "gem_requests_total{", 'gem_chars_total{stage="before"} ',
+                'gem_chars_total{stage="after"} ')
 REWRITES = 'action="reselected"'  # the gem_requests_total lines counted
 
 
@@ -287,7 +288,7 @@ def table(phases: list[Phase]) -> str:
     direct = {p.sessions: percentiles(p.latencies) for p in phases if p.target == "direct"}
     lines = [("| target | sessions in flight | requests (errors) | req/s | p50 / p99 ms | added p50 / p99 ms "
               "| target CPU ms / request | deferred / request | queued ms / request | rewrites / request "
-              "| tokens forwarded | store round trips / request | client core share |"),
+              "| characters forwarded | store round trips / request | client core share |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in phases:
         p50, p99 = percentiles(p.latencies)
@@ -298,10 +299,10 @@ def table(phases: list[Phase]) -> str:
         deferred = "-" if p.deferred is None else f"{p.deferred / len(p.latencies):.3f}"
         queued = "-" if p.queued_s is None else f"{1e3 * p.queued_s / len(p.latencies):.1f}"
         rewrites = "-" if p.rewrites is None else f"{p.rewrites / len(p.latencies):.3f}"
-        tokens = "-" if not p.tokens or not p.tokens[0] else f"{p.tokens[1] / p.tokens[0]:.1%}"
+        chars = "-" if not p.chars or not p.chars[0] else f"{p.chars[1] / p.chars[0]:.1%}"
         lines.append(f"| {p.target} | {p.sessions} | {len(p.latencies)} ({sum(p.errors.values())}) | "
                      f"{len(p.latencies) / p.wall_s:.0f} | {p50:.1f} / {p99:.1f} | {added} | {cpu} | {deferred} | "
-                     f"{queued} | {rewrites} | {tokens} | {trips} | {p.client_cpu_s / p.wall_s:.2f} |")
+                     f"{queued} | {rewrites} | {chars} | {trips} | {p.client_cpu_s / p.wall_s:.2f} |")
     lines.extend(f"errors, {p.target} at {p.sessions}: {p.errors}" for p in phases if p.errors)
     return "\n".join(lines)
 
