@@ -24,8 +24,9 @@ the same N), the target's CPU seconds per request (its process tree, from /proc,
 blocks encoded in the background after their request went out included), the share of gem's requests sent on
 before their blocks were encoded or analysed (``--budget-ms``: its budget), the mean time a compression waited for
 a thread or its session's earlier request (``queued``: gem's saturation), the share of its requests selected anew
-(rewrites), the share of the histories' characters it forwarded (deferred requests included: they count no
-tokens), and the client's share of a core.
+(rewrites), the share of the characters of the histories it compressed or appended to that it forwarded (deferred
+appends included, as they count no tokens; requests that went out whole are not counted), and the client's share
+of a core.
 With ``--warm K`` each session's first K requests are sent first and not measured, and the sessions start again,
 staggered, once the target is idle: the steady state of N sessions in flight, without all N sessions' first
 compressions (each analyses every block it holds) falling in the same second.
@@ -177,7 +178,7 @@ class Phase:
     client_cpu_s: float = 0.0
     store_round_trips: float | None = None  # to the shared session store, over the phase (gem with --store only)
     deferred: float | None = None  # requests sent on before their blocks were encoded or analysed (gem only)
-    queued_s: float | None = None  # seconds compressions waited for a thread or their session's earlier request
+    queued: tuple[float, float] | None = None  # compressions' seconds waiting for a thread or their session, count
     rewrites: float | None = None  # requests whose history was selected anew (gem only)
     chars: tuple[float, float] | None = None  # characters of the histories received and forwarded (gem only)
 
@@ -236,8 +237,8 @@ def measure(target: str, url: str, pid: int | None, runs: list[Run], sessions: i
         if before is not None:
             after = gem_counters(url) or before
             delta = [a - b for a, b in zip(after, before)]
-            phase.store_round_trips, phase.deferred, phase.queued_s, phase.rewrites = delta[:4]
-            phase.chars = (delta[4], delta[5])
+            phase.store_round_trips, phase.deferred, phase.rewrites = delta[0], delta[1], delta[3]
+            phase.queued, phase.chars = (delta[2], delta[6]), (delta[4], delta[5])
     return phase
 
 
@@ -245,7 +246,7 @@ def measure(target: str, url: str, pid: int | None, runs: list[Run], sessions: i
 #: (summed over routes), history characters received and forwarded.
 GEM_COUNTERS = ("gem_store_round_trips_total ", "gem_encoding_deferred_total ",
                 'gem_stage_seconds_sum{stage="queued"} ', "gem_requests_total{", 'gem_chars_total{stage="before"} ',
-                'gem_chars_total{stage="after"} ')
+                'gem_chars_total{stage="after"} ', 'gem_stage_seconds_count{stage="queued"} ')
 REWRITES = 'action="reselected"'  # the gem_requests_total lines counted
 
 
@@ -287,7 +288,7 @@ def table(phases: list[Phase]) -> str:
     kinds of the errors under it."""
     direct = {p.sessions: percentiles(p.latencies) for p in phases if p.target == "direct"}
     lines = [("| target | sessions in flight | requests (errors) | req/s | p50 / p99 ms | added p50 / p99 ms "
-              "| target CPU ms / request | deferred / request | queued ms / request | rewrites / request "
+              "| target CPU ms / request | deferred / request | queued ms / compression | rewrites / request "
               "| characters forwarded | store round trips / request | client core share |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in phases:
@@ -297,7 +298,7 @@ def table(phases: list[Phase]) -> str:
         cpu = "-" if p.target == "direct" else f"{1e3 * p.target_cpu_s / len(p.latencies):.2f}"
         trips = "-" if p.store_round_trips is None else f"{p.store_round_trips / len(p.latencies):.2f}"
         deferred = "-" if p.deferred is None else f"{p.deferred / len(p.latencies):.3f}"
-        queued = "-" if p.queued_s is None else f"{1e3 * p.queued_s / len(p.latencies):.1f}"
+        queued = "-" if not p.queued or not p.queued[1] else f"{1e3 * p.queued[0] / p.queued[1]:.1f}"
         rewrites = "-" if p.rewrites is None else f"{p.rewrites / len(p.latencies):.3f}"
         chars = "-" if not p.chars or not p.chars[0] else f"{p.chars[1] / p.chars[0]:.1%}"
         lines.append(f"| {p.target} | {p.sessions} | {len(p.latencies)} ({sum(p.errors.values())}) | "

@@ -114,7 +114,7 @@ class Compressor:
         """`GEM.compress` in the pool (``message_sizes``: each message's bytes in the body that will go out;
         ``tenant``: whose sessions these are; ``wait_for_encoding``: no encoding budget; ``save=False``: a dry run;
         ``message_bytes``: the body and each message's byte range in it, and ``thinking``, `GEM.compress`'s;
-        ``started``: the ``time.monotonic()`` the encoding budget counts from, default now);
+        ``started``: the ``time.monotonic()`` the encoding budget and the ``queued`` seconds count from, default now);
         None when the request must go out unchanged for a reason outside GEM."""
         started = time.monotonic() if started is None else started
         deadline = None if wait_for_encoding or self.encode_budget is None else started + self.encode_budget

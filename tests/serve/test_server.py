@@ -428,35 +428,38 @@ def test_wrap_binds_an_anthropic_clients_history_unless_it_asks_drop_block():
 
 @pytest.mark.parametrize("threads, sessions", [(1, ("a", "b")), (2, ("a", "a"))])
 def test_the_wait_for_a_thread_or_the_sessions_earlier_request_is_reported(threads, sessions):
-    """A compression that waits behind a 0.4 s one, for the only thread or for its session's lock, reports that wait
-    as its ``queued`` seconds and in ``gem_stage_seconds{stage="queued"}``; the first reports none."""
+    """A compression sent while another holds the only thread, or its session's lock, for 0.4 s more reports that
+    wait as its ``queued`` seconds and in ``gem_stage_seconds{stage="queued"}``; the first reports next to none."""
     from gemkernels.serve.compressor import Compressor
     from gemkernels.serve.metrics import Metrics
 
     metrics = Metrics()
     compressor = Compressor(ServerConfig(upstream="http://127.0.0.1:9", encoder="hash", threads=threads), metrics)
-    real, entered = compressor.gem.compress, threading.Event()
+    real, entered, release = compressor.gem.compress, threading.Event(), threading.Event()
 
-    def slow_first(*args, **kwargs):
+    def held_first(*args, **kwargs):
         if not entered.is_set():
             entered.set()
-            time.sleep(0.4)
+            release.wait(10)
         return real(*args, **kwargs)
 
-    compressor.gem.compress = slow_first
+    compressor.gem.compress = held_first
 
     async def run():
         first = asyncio.ensure_future(compressor.compress("/v1/chat/completions", MESSAGES, sessions[0], tenant="t"))
         await asyncio.to_thread(entered.wait, 10)
-        second = await compressor.compress("/v1/chat/completions", MESSAGES, sessions[1], tenant="t")
-        return await first, second
+        second = asyncio.ensure_future(compressor.compress("/v1/chat/completions", MESSAGES, sessions[1],
+                                                           tenant="t"))
+        await asyncio.sleep(0.4)  # the second has reached the compressor: it waits at least this long
+        release.set()
+        return await first, await second
 
     try:
         first, second = asyncio.run(run())
     finally:
         compressor.close()
     assert first.stats.seconds["queued"] < 0.2
-    assert 0.25 < second.stats.seconds["queued"] < 5
+    assert 0.35 < second.stats.seconds["queued"] < 5
     text = metrics.exposition().decode()
     assert 'gem_stage_seconds_count{stage="queued"} 2.0' in text
     total = float(re.search(r'gem_stage_seconds_sum\{stage="queued"\} (\S+)', text).group(1))
