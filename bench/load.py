@@ -236,21 +236,23 @@ def measure(target: str, url: str, pid: int | None, runs: list[Run], sessions: i
         phase.target_cpu_s = tree_cpu_seconds(pid) - cpu_before
         if before is not None:
             after = gem_counters(url) or before
-            delta = [a - b for a, b in zip(after, before)]
-            phase.store_round_trips, phase.deferred, phase.rewrites = delta[0], delta[1], delta[3]
-            phase.queued, phase.chars = (delta[2], delta[6]), (delta[4], delta[5])
+            d = {name: after[name] - before[name] for name in GEM_COUNTERS}
+            phase.store_round_trips, phase.deferred, phase.rewrites = d[TRIPS], d[DEFERRED], d[REQUESTS]
+            phase.queued, phase.chars = (d[QUEUED_SUM], d[QUEUED_COUNT]), (d[CHARS_BEFORE], d[CHARS_AFTER])
     return phase
 
 
 #: The gem counters a phase reports: store round trips, deferred requests, seconds queued, requests selected anew
 #: (summed over routes), history characters received and forwarded.
-GEM_COUNTERS = ("gem_store_round_trips_total ", "gem_encoding_deferred_total ",
-                'gem_stage_seconds_sum{stage="queued"} ', "gem_requests_total{", 'gem_chars_total{stage="before"} ',
-                'gem_chars_total{stage="after"} ', 'gem_stage_seconds_count{stage="queued"} ')
+TRIPS, DEFERRED = "gem_store_round_trips_total ", "gem_encoding_deferred_total "
+QUEUED_SUM, QUEUED_COUNT = 'gem_stage_seconds_sum{stage="queued"} ', 'gem_stage_seconds_count{stage="queued"} '
+CHARS_BEFORE, CHARS_AFTER = 'gem_chars_total{stage="before"} ', 'gem_chars_total{stage="after"} '
+REQUESTS = "gem_requests_total{"  # only the lines of REWRITES, summed
+GEM_COUNTERS = (TRIPS, DEFERRED, QUEUED_SUM, QUEUED_COUNT, CHARS_BEFORE, CHARS_AFTER, REQUESTS)
 REWRITES = 'action="reselected"'  # the gem_requests_total lines counted
 
 
-def gem_counters(url: str) -> tuple[float, ...] | None:
+def gem_counters(url: str) -> dict[str, float] | None:
     """`GEM_COUNTERS` of a gem target, every worker's (None for any other target)."""
     try:
         text = httpx.get(url + "/metrics", timeout=5).text
@@ -260,12 +262,12 @@ def gem_counters(url: str) -> tuple[float, ...] | None:
     for line in text.splitlines():
         if line.startswith(GEM_COUNTERS):
             name, _, value = line.rpartition(" ")
-            if name.startswith("gem_requests_total{"):
+            if name.startswith(REQUESTS):
                 if REWRITES in name:
-                    values["gem_requests_total{"] += float(value)
+                    values[REQUESTS] += float(value)
             else:
                 values[name + " "] = float(value)
-    return tuple(values.values()) if "gem_" in text else None
+    return values if "gem_" in text else None
 
 
 def redis_memory(url: str) -> str:
