@@ -69,9 +69,9 @@ def serve_upstream(port: int, delay_s: float) -> None:
 
 
 def serve_gem(port: int, upstream: str, encoder: str, preset: str, overrides: tuple[str, ...],
-              store: str = "memory", compress_process: bool = False, threads: int | None = None,
+              store: str = "memory", compress_process: int = 0, threads: int | None = None,
               budget_s: float | None = None) -> None:
-    """``gem serve`` with ``preset``, ``overrides``, ``store`` and ``--compress-process``, its connection timeouts as
+    """``gem serve`` with ``preset``, ``overrides``, ``store`` and ``--compress-process N``, its connection timeouts as
     ``gem serve`` sets them, ``threads`` compression threads and a ``budget_s`` encoding budget (None: its
     defaults); access log off (as for LiteLLM)."""
     import uvicorn
@@ -323,11 +323,12 @@ def main() -> None:
     parser.add_argument("--encoder", default="hash", help="gem's encoder (hash, minilm, ...)")
     parser.add_argument("--modes", nargs="+", default=["off", "cache-aware", "paper"],
                         help="gem targets: off (forwarding only) or preset names; PRESET@redis keeps the sessions "
-                             "in Redis (--redis), PRESET@process compresses in a process of its own "
-                             "(--compress-process)")
+                             "in Redis (--redis), PRESET@process compresses in --processes processes of its own "
+                             "(--compress-process N)")
     parser.add_argument("--redis", help="the Redis of the @redis modes (default: a redis-server started here)")
     parser.add_argument("--workers", type=int, default=1,
                         help="the @redis modes run as gem serve --workers N (one process per core)")
+    parser.add_argument("--processes", type=int, default=1, help="the @process modes' compression processes")
     parser.add_argument("--threads", type=int, help="gem's compression threads (default: gem serve's)")
     parser.add_argument("--budget-ms", type=float, help="gem's encoding and analysis budget (default: gem serve's)")
     parser.add_argument("--litellm", help="LiteLLM's executable (e.g. /tmp/litellm-venv/bin/litellm): measure it too")
@@ -363,11 +364,13 @@ def main() -> None:
                 url, pid = server.url, server.process.pid
                 name += f", sessions in Redis, {args.workers} workers"
             else:
-                proc, url = start(serve_gem, upstream, args.encoder, preset, overrides, store, where == "process",
+                proc, url = start(serve_gem, upstream, args.encoder, preset, overrides, store,
+                                  args.processes if where == "process" else 0,
                                   args.threads, None if args.budget_ms is None else args.budget_ms / 1000)
                 stops.append(proc.kill)
                 pid = proc.pid
-                name += {"redis": ", sessions in Redis", "process": ", compression process"}.get(where, "")
+                name += {"redis": ", sessions in Redis", "process": f", {args.processes} compression process"
+                         + "es" * (args.processes > 1)}.get(where, "")
             targets.append((name, url, pid))
         if args.litellm:
             folder = Path(tempfile.mkdtemp(prefix="bench-load-"))

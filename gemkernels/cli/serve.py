@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from gemkernels.cli.extras import encoder_extras, require
 from gemkernels.cli.help_text import description
-from gemkernels.cli.settings import SettingsError, defer_defaults, resolve
+from gemkernels.cli.settings import FALSE, TRUE, SettingsError, defer_defaults, resolve
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
 from gemkernels.compress.encoders import ENCODER_HELP, check_encoder_name
 from gemkernels.serve.config import ServerConfig, default_threads
@@ -28,6 +28,20 @@ def seconds(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def processes(text: str) -> int:
+    """An argparse type: a number of processes, 0 or more (``true`` / ``false``, the flag's older form: 1 / 0)."""
+    word = text.strip().lower()
+    if word in TRUE or word in FALSE:
+        return int(word in TRUE)
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of processes (0 or more), got {text}")
     return value
 
 
@@ -86,9 +100,10 @@ def add_parser(subparsers: Any) -> None:
                    help="longest a request waits for its blocks' embeddings and analysis; past it, it goes out with "
                         "the new blocks appended (or unchanged) while they finish, for the next call; 'inf': no "
                         "limit (default %(default)s)")
-    p.add_argument("--compress-process", action="store_true",
-                   help="compress in a process of each worker's own, so that compression never holds the GIL its "
-                        "event loop needs (one more core a worker; sessions stay in that process)")
+    p.add_argument("--compress-process", type=processes, nargs="?", const=1, default=0, metavar="N",
+                   help="compress in N processes of each worker's own (N defaults to 1), so that compression never "
+                        "holds the GIL its event loop needs: N more cores a worker, each session's requests always "
+                        "in the same process, which keeps its state in memory")
     p.add_argument("--count-compressed", action="store_true",
                    help="POST /v1/messages/count_tokens counts the request as it would be forwarded, so an agent's "
                         "own auto-compaction sees the compressed size")

@@ -17,8 +17,8 @@ Contracts (DESIGN.md §5):
   one session are compressed one at a time;
 - selections of concurrent requests run batched, block encoding is fair between requests, and a request waits
   for its blocks' encoding and analysis ``encode_budget`` at most (`gemkernels.serve.compressor`); with
-  ``compress_process`` they run in a process of their own, so that compression never holds the event loop's GIL
-  (`gemkernels.serve.compression_process`);
+  ``compress_process`` they run in that many processes of their own, so that compression never holds the event
+  loop's GIL, each session in one of them (`gemkernels.serve.compression_process`);
 - bounded: at most ``max_pending`` compressions queued or running, GEM's session store bounded; a body past
   ``max_body_bytes`` gets a 413, one with no byte for ``body_timeout`` seconds a 408 (both with
   ``Connection: close``); under ``gem serve``, headers not complete ``--header-timeout`` seconds after a connection
@@ -46,7 +46,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from gemkernels.compress.tokens import Prices
-from gemkernels.serve.compression_process import ProcessCompressor
+from gemkernels.serve.compression_process import ProcessCompressor, ShardedCompressor
 from gemkernels.serve.compressor import Compressor
 from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.formats import FORMATS
@@ -67,7 +67,8 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         upstreams = Upstreams(config.upstream_roots(), config.timeout, transport)
-        compressor = (ProcessCompressor if config.compress_process else Compressor)(config, metrics)
+        compressor = (Compressor if not config.compress_process else ProcessCompressor
+                      if config.compress_process == 1 else ShardedCompressor)(config, metrics)
         await compressor.start()
         observer = None
         if config.observe:

@@ -1,6 +1,8 @@
 """`ProcessCompressor`: the proxy's `Compressor` in a process of its own (``gem serve --compress-process``), so that
 compression's Python never holds the GIL that the proxy's event loop needs: requests that are only forwarded, and
-every request's reading and forwarding, run on one core while compressions run on another.
+every request's reading and forwarding, run on one core while compressions run on another. `ShardedCompressor`:
+N such processes (``--compress-process N``), each session's requests always in the same one (`shard_of`), so that
+compression has N cores and the sessions stay in memory (no shared store).
 
 The proxy talks to the process over a socket pair in frames (an 8-byte length, then a pickle): the server config
 first, then one frame per compression (its id, the arguments of `Compressor.compress`) and one per answer (the
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import hashlib
 import itertools
 import logging
 import os
@@ -29,7 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gemkernels.compress.config import with_overrides
+from gemkernels.compress.config import GEMConfig, with_overrides
 from gemkernels.compress.gem import PASSTHROUGH, Compressed
 from gemkernels.serve.body import removed_positions
 from gemkernels.serve.config import ServerConfig
@@ -249,6 +253,87 @@ class ProcessCompressor:
             await asyncio.wait_for(child.answers, STOP_TIMEOUT_S)
         except Exception:
             logger.warning("gemkernels: the compression process did not end; leaving it", exc_info=True)
+
+
+class ShardedCompressor:
+    """`Compressor`'s interface over ``config.compress_process`` compression processes (`ProcessCompressor`s): every
+    request of a session goes to the same one (`shard_of`), and each holds its share of the sessions, their bytes,
+    the pending compressions and the embedding cache (``max_sessions`` ... ``encode_cache_bytes`` divided), so the
+    proxy's bounds stay what they were; ``/metrics`` counts them all (``gem_sessions`` summed)."""
+
+    def __init__(self, config: ServerConfig, metrics: Metrics):
+        n = config.compress_process
+        share = dataclasses.replace(
+            config, max_sessions=-(-config.max_sessions // n), max_session_bytes=-(-config.max_session_bytes // n),
+            max_pending=-(-config.max_pending // n), encode_cache_bytes=config.encode_cache_bytes // n)
+        held = [0.0] * n
+        self.shards = [ProcessCompressor(share, ShardMetrics(metrics, held, i)) for i in range(n)]
+
+    @property
+    def encoder_name(self) -> str:
+        return self.shards[0].encoder_name
+
+    @property
+    def gem_config(self) -> GEMConfig:
+        return self.shards[0].gem_config
+
+    async def start(self) -> None:
+        """Start every process; RuntimeError when one does not (`ProcessCompressor.start`), the others stopped."""
+        try:
+            await asyncio.gather(*(shard.start() for shard in self.shards))
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def compress(self, route: str, messages: Any, session_id: str | None, goal: str | None = None,
+                       message_sizes: Sequence[int] | None = None, tenant: str | None = None,
+                       wait_for_encoding: bool = False, save: bool = True,
+                       message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None,
+                       thinking: str = "content") -> Compressed | None:
+        """`ProcessCompressor.compress` in the session's process."""
+        shard = self.shards[shard_of(tenant, session_id, message_bytes, len(self.shards))]
+        return await shard.compress(route, messages, session_id, goal, message_sizes, tenant, wait_for_encoding,
+                                    save, message_bytes, thinking)
+
+    async def aclose(self) -> None:
+        """Stop every process (`ProcessCompressor.aclose`)."""
+        await asyncio.gather(*(shard.aclose() for shard in self.shards))
+
+
+def shard_of(tenant: str | None, session_id: str | None,
+             message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None, shards: int) -> int:
+    """The process (of ``shards``) that compresses a request: by its tenant and session name; for an unnamed session
+    (GEM names it by its messages before the first tool call) also by its first two messages' bytes, which stay the
+    same from request to request of one agent's run (without the body's bytes, by the tenant alone)."""
+    key = hashlib.blake2b(digest_size=8)
+    for part in (tenant or "", "\x00", session_id or ""):
+        key.update(part.encode("utf-8", "surrogatepass"))
+    if session_id is None and message_bytes is not None and message_bytes[1]:
+        body, elements = message_bytes
+        key.update(body[elements[0][0]:elements[min(1, len(elements) - 1)][1]])
+    return int.from_bytes(key.digest(), "big") % shards
+
+
+class ShardMetrics:
+    """The proxy's `Metrics` as one of several compression processes updates them: its ``sessions`` gauge is its own
+    share of the total the proxy reports (`HeldSessions`)."""
+
+    def __init__(self, metrics: Metrics, held: list[float], index: int):
+        self.metrics, self.sessions = metrics, HeldSessions(metrics, held, index)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.metrics, name)
+
+
+class HeldSessions:
+    """One compression process's sessions: setting them sets ``gem_sessions`` to the sum over the processes."""
+
+    def __init__(self, metrics: Metrics, held: list[float], index: int):
+        self.metrics, self.held, self.index = metrics, held, index
+
+    def set(self, value: float) -> None:
+        self.held[self.index] = value
+        self.metrics.sessions.set(sum(self.held))
 
 
 class ProcessDown:

@@ -35,7 +35,8 @@ class ServerConfig:
     (`gemkernels.serve.observe`), with ``report`` printing it when the server stops; ``store``: where sessions
     live, ``memory`` (this process) or a ``redis://`` URL shared by replicas (`gemkernels.compress.redis_store`),
     kept ``store_ttl`` seconds after their last request, with embeddings shared as ``embedding_dtype``;
-    ``compress_process``: compress in a process of the proxy's own (`gemkernels.serve.compression_process`)."""
+    ``compress_process``: compress in this many processes of the proxy's own, 0 in its own process
+    (`gemkernels.serve.compression_process`)."""
 
     upstream: str
     preset: str = "paper"
@@ -62,7 +63,7 @@ class ServerConfig:
     store: str = "memory"
     store_ttl: float = 3600.0
     embedding_dtype: str = "float32"
-    compress_process: bool = False
+    compress_process: int = 0
 
     def upstream_roots(self) -> dict[str, str]:
         """Format -> API root (`gemkernels.serve.formats`)."""

@@ -114,9 +114,20 @@ def test_workers_store_and_threads_come_from_every_source_and_workers_need_a_sha
 
 
 def test_compress_process_comes_from_the_flag_the_environment_or_the_file(tmp_path):
+    """A count of processes (the bare flag, ``true`` and ``1``: one; absent, ``false``: none), from every source;
+    what is not a count is an error naming the flag's values."""
     path = tmp_path / "gem.toml"
     path.write_text('upstream = "http://u"\ncompress_process = true\n')
-    assert server_config(settings(["--config", str(path)])).compress_process is True
-    assert server_config(settings(["--upstream", "http://u"], {"GEM_COMPRESS_PROCESS": "1"})).compress_process
-    assert server_config(settings(["--upstream", "http://u", "--compress-process"])).compress_process is True
-    assert server_config(settings(["--upstream", "http://u"])).compress_process is False
+    assert server_config(settings(["--config", str(path)])).compress_process == 1
+    path.write_text('upstream = "http://u"\ncompress_process = 3\n')
+    assert server_config(settings(["--config", str(path)])).compress_process == 3
+    assert server_config(settings(["--upstream", "http://u"], {"GEM_COMPRESS_PROCESS": "1"})).compress_process == 1
+    assert server_config(settings(["--upstream", "http://u"], {"GEM_COMPRESS_PROCESS": "4"})).compress_process == 4
+    assert server_config(settings(["--upstream", "http://u"], {"GEM_COMPRESS_PROCESS": "no"})).compress_process == 0
+    assert server_config(settings(["--upstream", "http://u", "--compress-process"])).compress_process == 1
+    assert server_config(settings(["--upstream", "http://u", "--compress-process", "2"])).compress_process == 2
+    assert server_config(settings(["--upstream", "http://u"])).compress_process == 0
+    with pytest.raises(SystemExit):
+        settings(["--upstream", "http://u", "--compress-process", "-1"])
+    with pytest.raises(Exception, match="not a valid compress_process.*0 or more"):
+        settings(["--upstream", "http://u"], {"GEM_COMPRESS_PROCESS": "many"})

@@ -1,6 +1,7 @@
-"""``gem serve --compress-process``: the same forwarded bytes as compressing in the proxy's own process, the
+"""``gem serve --compress-process [N]``: the same forwarded bytes as compressing in the proxy's own process, the
 process's metrics on the proxy's ``/metrics``, unchanged requests (never an error) while the process is down, a new
-process after it died, and no process left behind when the proxy stops."""
+process after it died, and no process left behind when the proxy stops; with N processes, each session in one of
+them, and a dead one costing only its own sessions."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -53,7 +56,7 @@ def upstream():
     server.stop()
 
 
-def serve(upstream_url: str, process: bool, preset: str = "cache-aware") -> ServerThread:
+def serve(upstream_url: str, process: int, preset: str = "cache-aware") -> ServerThread:
     config = ServerConfig(upstream=upstream_url + "/v1", preset=preset, encoder="hash", encode_budget=30.0,
                           compress_process=process)
     return ServerThread(create_app(config), graceful_s=10)
@@ -139,12 +142,13 @@ def test_a_dead_process_sends_requests_unchanged_until_a_new_one_serves(upstream
     assert compression_children() == set()
 
 
-def test_a_process_that_cannot_start_stops_the_proxy_with_its_error(capfd):
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_process_that_cannot_start_stops_the_proxy_with_its_error(capfd, processes):
     """As the in-process compressor does: an encoder that cannot load is an error at start-up, not a proxy that
     silently never compresses."""
     from starlette.testclient import TestClient
 
-    config = ServerConfig(upstream="http://127.0.0.1:9/v1", encoder="no-such-encoder", compress_process=True)
+    config = ServerConfig(upstream="http://127.0.0.1:9/v1", encoder="no-such-encoder", compress_process=processes)
     with pytest.raises(RuntimeError, match="compression process did not start"), TestClient(create_app(config)):
         pass
     assert "no-such-encoder" in capfd.readouterr().err  # the process's own error names the cause
@@ -473,3 +477,133 @@ def test_a_process_whose_proxy_died_while_it_started_exits():
     code = "from gemkernels.serve.compression_process import die_with_parent; die_with_parent(0); print('alive')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "alive" not in done.stdout and not done.stderr
+
+
+# --------------------------------------------------------------------------- several processes (--compress-process N)
+
+
+def elements_of(messages: list) -> tuple[bytes, list[tuple[int, int]]]:
+    """A chat body of ``messages`` and each message's byte range in it (the proxy's scan)."""
+    from gemkernels.serve.body import parse_body
+
+    raw = json.dumps({"model": "m", "messages": messages}).encode()
+    return raw, parse_body(raw, "messages")[1].elements
+
+
+@settings(max_examples=60, deadline=None)
+@given(tenant=st.one_of(st.none(), st.text(max_size=8)), session=st.one_of(st.none(), st.text(max_size=12)),
+       first=st.text(max_size=20), task=st.text(max_size=20), more=st.lists(st.text(max_size=10), max_size=5),
+       shards=st.integers(1, 6))
+def test_every_request_of_a_session_goes_to_one_process(tenant, session, first, task, more, shards):
+    """Named, by tenant and name whatever the messages; unnamed, by its first two messages, whatever follows them
+    (the history grows, the session stays in its process)."""
+    shard_of = compression_process.shard_of
+    head = [{"role": "system", "content": first}, {"role": "user", "content": task}]
+    whole = shard_of(tenant, session, elements_of(head + [{"role": "user", "content": m} for m in more]), shards)
+    assert 0 <= whole < shards
+    assert shard_of(tenant, session, elements_of(head), shards) == whole
+    if session is not None:
+        assert shard_of(tenant, session, elements_of([{"role": "user", "content": first + "!"}]), shards) == whole
+        assert shard_of(tenant, session, None, shards) == whole
+
+
+def test_sessions_spread_over_the_processes():
+    counts = [0, 0, 0]
+    for i in range(600):
+        counts[compression_process.shard_of("tenant", f"session-{i}", None, 3)] += 1
+    raw, elements = elements_of([{"role": "system", "content": "agent"}, {"role": "user", "content": "task"}])
+    unnamed = {compression_process.shard_of("tenant", None, elements_of(
+        [{"role": "system", "content": "agent"}, {"role": "user", "content": f"task {i}"}]), 3) for i in range(30)}
+    assert min(counts) > 150 and unnamed == {0, 1, 2}
+
+
+def names_on_each_shard(shards: int, tenant: str | None, body: dict) -> list[str]:
+    """One ``X-GEM-Session`` value per process whose requests (from ``tenant``, with ``body``'s instructions) go to
+    that process."""
+    from gemkernels.compress.sessions import request_session
+
+    found: dict[int, str] = {}
+    for i in range(1000):
+        name = f"spread-{i}"
+        found.setdefault(compression_process.shard_of(
+            tenant, request_session(body, {GEM_SESSION_HEADER: name}), None, shards), name)
+        if len(found) == shards:
+            return [found[s] for s in range(shards)]
+    raise AssertionError("no session name for some process")
+
+
+def test_two_processes_forward_the_bytes_one_process_forwards_and_count_every_session(upstream):
+    """Sessions in both processes and one unnamed session, their requests interleaved: the upstream gets the same
+    bytes as from the proxy's own compressor, and ``gem_sessions`` counts the sessions of both processes."""
+    from gemkernels.serve.serving import tenant_of
+
+    fake, root = upstream
+    tenant = tenant_of({"authorization": "Bearer sk-test"})
+    names = [*names_on_each_shard(2, tenant, {"messages": MESSAGES}), None]
+    sent, sessions = {}, {}
+    for processes in (0, 2):
+        server = serve(root, processes)
+        try:
+            before = len(fake.received)
+            for cut in CUTS:
+                for name in names:
+                    headers = {"content-type": "application/json", "authorization": "Bearer sk-test"}
+                    if name is not None:
+                        headers[GEM_SESSION_HEADER] = name
+                    body = json.dumps({"model": "m", "messages": MESSAGES[:cut]}).encode()
+                    assert httpx.post(server.url + "/v1/chat/completions", content=body, headers=headers,
+                                      timeout=30).status_code == 200
+            sent[processes] = [r.raw for r in fake.received[before:]]
+            sessions[processes] = metric(server.url, "gem_sessions")
+            if processes:
+                assert len(compression_children()) == processes
+        finally:
+            server.stop()
+    assert sent[2] == sent[0] and len(sent[2]) == len(names) * len(CUTS)
+    assert sum(raw != json.dumps({"model": "m", "messages": MESSAGES[:cut]}).encode()
+               for raw, cut in zip(sent[2], [c for c in CUTS for _ in names])) > 0  # something was compressed
+    assert sessions[2] == sessions[0] == len(names)
+    assert compression_children() == set()
+
+
+def test_one_dead_process_of_two_costs_only_its_own_sessions(monkeypatch):
+    """A killed process's sessions go out unchanged (``compressor_down``) until its replacement serves; the other
+    process's sessions are compressed all along, and ``gem_sessions`` drops the dead process's."""
+    import asyncio
+
+    from gemkernels.serve.metrics import Metrics
+
+    monkeypatch.setattr(compression_process, "RESTART_INTERVAL_S", 0.0)
+    names = [next(f"s{i}" for i in range(100) if compression_process.shard_of(None, f"s{i}", None, 2) == shard)
+             for shard in (0, 1)]
+
+    async def main():
+        metrics = Metrics()
+        sharded = compression_process.ShardedCompressor(ServerConfig(
+            upstream="http://127.0.0.1:9/v1", preset="cache-aware", encoder="hash", encode_budget=30.0,
+            compress_process=2), metrics)
+        await sharded.start()
+        try:
+            for name in names:
+                assert await sharded.compress("/v1/chat/completions", MESSAGES[:40], name) is not None
+            assert metrics.sessions._value.get() == 2
+            dead = sharded.shards[0].child
+            os.kill(dead.process.pid, signal.SIGKILL)
+            await asyncio.wait_for(asyncio.shield(dead.answers), 30)
+            unchanged = await sharded.compress("/v1/chat/completions", MESSAGES[:42], names[0])
+            alive = await sharded.compress("/v1/chat/completions", MESSAGES[:42], names[1])
+            sessions_after = metrics.sessions._value.get()
+            deadline = time.monotonic() + 60
+            while sharded.shards[0].child is dead and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            again = await sharded.compress("/v1/chat/completions", MESSAGES[:44], names[0])
+            return unchanged, alive, sessions_after, again, metrics.passthroughs.labels("compressor_down")._value.get()
+        finally:
+            await sharded.aclose()
+
+    unchanged, alive, sessions_after, again, down = asyncio.run(main())
+    assert unchanged is None and down == 1.0
+    assert alive is not None and alive.stats.action != "passthrough"
+    assert sessions_after == 1
+    assert again is not None and again.stats.action != "passthrough"
+    assert compression_children() == set()
