@@ -104,6 +104,11 @@ def add_parser(subparsers: Any) -> None:
                    help="compress in N processes of each worker's own (N defaults to 1), so that compression never "
                         "holds the GIL its event loop needs: N more cores a worker, each session's requests always "
                         "in the same process, which keeps its state in memory")
+    p.add_argument("--compress-niceness", type=int, choices=range(20), default=ServerConfig.compress_niceness,
+                   metavar="0-19",
+                   help="how much nicer than the proxy the compression processes run (os.nice), so that its event "
+                        "loop, forwarding every request, gets a core first; past the encoding budget a request "
+                        "they have not compressed goes out appended (default %(default)s)")
     p.add_argument("--count-compressed", action="store_true",
                    help="POST /v1/messages/count_tokens counts the request as it would be forwarded, so an agent's "
                         "own auto-compaction sees the compressed size")
@@ -186,4 +191,5 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         encode_budget=budget, count_compressed=args.count_compressed, observe=args.observe,
                         report=args.report, store=args.store, store_ttl=args.store_ttl,
                         embedding_dtype=args.store_embeddings, compress_process=args.compress_process,
+                        compress_niceness=args.compress_niceness,
                         compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)

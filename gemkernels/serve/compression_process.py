@@ -455,6 +455,7 @@ async def serve(sock: socket.socket) -> None:
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
     config, level = await read_frame(reader)
     logging.getLogger("gemkernels").setLevel(level)  # the proxy's: its lines read as if the proxy wrote them
+    os.nice(config.compress_niceness)  # the proxy's event loop, forwarding every request, gets a core first
     metrics = RecordedMetrics()
     compressor = Compressor(config, metrics)
     await asyncio.to_thread(warm_up_kernels, compressor)

@@ -36,7 +36,8 @@ class ServerConfig:
     live, ``memory`` (this process) or a ``redis://`` URL shared by replicas (`gemkernels.compress.redis_store`),
     kept ``store_ttl`` seconds after their last request, with embeddings shared as ``embedding_dtype``;
     ``compress_process``: compress in this many processes of the proxy's own, 0 in its own process
-    (`gemkernels.serve.compression_process`)."""
+    (`gemkernels.serve.compression_process`), each ``compress_niceness`` nicer than the proxy (``os.nice``), so that
+    the event loop forwarding every request gets a core before they do."""
 
     upstream: str
     preset: str = "paper"
@@ -64,6 +65,7 @@ class ServerConfig:
     store_ttl: float = 3600.0
     embedding_dtype: str = "float32"
     compress_process: int = 0
+    compress_niceness: int = 10
 
     def upstream_roots(self) -> dict[str, str]:
         """Format -> API root (`gemkernels.serve.formats`)."""

@@ -131,3 +131,8 @@ def test_compress_process_comes_from_the_flag_the_environment_or_the_file(tmp_pa
         settings(["--upstream", "http://u", "--compress-process", "-1"])
     with pytest.raises(Exception, match="not a valid compress_process.*0 or more"):
         settings(["--upstream", "http://u"], {"GEM_COMPRESS_PROCESS": "many"})
+    assert server_config(settings(["--upstream", "http://u"])).compress_niceness == 10
+    assert server_config(settings(["--upstream", "http://u", "--compress-niceness", "0"])).compress_niceness == 0
+    assert server_config(settings(["--upstream", "http://u"], {"GEM_COMPRESS_NICENESS": "4"})).compress_niceness == 4
+    with pytest.raises(SystemExit):
+        settings(["--upstream", "http://u", "--compress-niceness", "20"])

@@ -607,3 +607,12 @@ def test_one_dead_process_of_two_costs_only_its_own_sessions(monkeypatch):
     assert sessions_after == 1
     assert again is not None and again.stats.action != "passthrough"
     assert compression_children() == set()
+
+
+@pytest.mark.parametrize("niceness", [0, 7])
+def test_the_process_runs_as_much_nicer_than_the_proxy_as_configured(niceness):
+    """So that the proxy's event loop, forwarding every request, gets a core before compression does."""
+    async def test(pc):
+        return os.getpriority(os.PRIO_PROCESS, pc.child.process.pid)
+
+    assert run_with(test, compress_niceness=niceness) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + niceness)
