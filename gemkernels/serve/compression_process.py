@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gemkernels.compress.config import GEMConfig, with_overrides
-from gemkernels.compress.gem import PASSTHROUGH, Compressed
+from gemkernels.compress.gem import PASSTHROUGH, Compressed, prefix_id
 from gemkernels.serve.body import removed_positions
 from gemkernels.serve.config import ServerConfig
 from gemkernels.serve.metrics import Metrics
@@ -263,6 +263,8 @@ class ShardedCompressor:
 
     def __init__(self, config: ServerConfig, metrics: Metrics):
         n = config.compress_process
+        if n < 1:
+            raise ValueError(f"compress_process must be a number of processes, 1 or more here; got {n}")
         share = dataclasses.replace(
             config, max_sessions=-(-config.max_sessions // n), max_session_bytes=-(-config.max_session_bytes // n),
             max_pending=-(-config.max_pending // n), encode_cache_bytes=config.encode_cache_bytes // n)
@@ -291,7 +293,7 @@ class ShardedCompressor:
                        message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None = None,
                        thinking: str = "content") -> Compressed | None:
         """`ProcessCompressor.compress` in the session's process."""
-        shard = self.shards[shard_of(tenant, session_id, message_bytes, len(self.shards))]
+        shard = self.shards[shard_of(tenant, session_id, messages, len(self.shards))]
         return await shard.compress(route, messages, session_id, goal, message_sizes, tenant, wait_for_encoding,
                                     save, message_bytes, thinking)
 
@@ -300,18 +302,27 @@ class ShardedCompressor:
         await asyncio.gather(*(shard.aclose() for shard in self.shards))
 
 
-def shard_of(tenant: str | None, session_id: str | None,
-             message_bytes: tuple[bytes, Sequence[tuple[int, int]]] | None, shards: int) -> int:
+def shard_of(tenant: str | None, session_id: str | None, messages: Any, shards: int) -> int:
     """The process (of ``shards``) that compresses a request: by its tenant and session name; for an unnamed session
-    (GEM names it by its messages before the first tool call) also by its first two messages' bytes, which stay the
-    same from request to request of one agent's run (without the body's bytes, by the tenant alone)."""
+    (GEM names it by its messages before the first block, `prefix_session_id`) also by `leading_messages`, which
+    every request of an agent's run starts with."""
     key = hashlib.blake2b(digest_size=8)
     for part in (tenant or "", "\x00", session_id or ""):
         key.update(part.encode("utf-8", "surrogatepass"))
-    if session_id is None and message_bytes is not None and message_bytes[1]:
-        body, elements = message_bytes
-        key.update(body[elements[0][0]:elements[min(1, len(elements) - 1)][1]])
+    if session_id is None:
+        key.update(prefix_id(leading_messages(messages)).encode())
     return int.from_bytes(key.digest(), "big") % shards
+
+
+def leading_messages(messages: Any) -> list[Any]:
+    """The first two messages, or fewer where a message that is no system, developer or user message comes first
+    (the history's first block): the system prompt and the task, as in every request of the run."""
+    leading = []
+    for message in messages[:2] if isinstance(messages, (list, tuple)) else ():
+        if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user"):
+            break
+        leading.append(message)
+    return leading
 
 
 class ShardMetrics:

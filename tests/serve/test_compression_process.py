@@ -482,39 +482,61 @@ def test_a_process_whose_proxy_died_while_it_started_exits():
 # --------------------------------------------------------------------------- several processes (--compress-process N)
 
 
-def elements_of(messages: list) -> tuple[bytes, list[tuple[int, int]]]:
-    """A chat body of ``messages`` and each message's byte range in it (the proxy's scan)."""
-    from gemkernels.serve.body import parse_body
+CACHED = {"type": "ephemeral"}
 
-    raw = json.dumps({"model": "m", "messages": messages}).encode()
-    return raw, parse_body(raw, "messages")[1].elements
+
+def anthropic_run(turns: int, marks: int) -> list[dict]:
+    """An Anthropic history of ``turns`` tool calls, a cache breakpoint on each of its last ``marks`` user messages
+    (the documented multi-turn pattern moves them along as the history grows)."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "fix the tests"}]}]
+    for i in range(turns):
+        messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "bash",
+                                                         "input": {"cmd": f"ls {i}"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}",
+                                                   "content": f"out {i}"}]}]
+    for message in [m for m in messages if m["role"] == "user"][-marks:] if marks else []:
+        message["content"][0]["cache_control"] = CACHED
+    return messages
+
+
+def chat_run(steps: int, system: bool) -> list[dict]:
+    """A chat history with tool calls (``steps`` of them), with or without a system message."""
+    messages = ([{"role": "system", "content": "agent"}] if system else []) + [{"role": "user", "content": "task"}]
+    for i in range(steps):
+        messages += [{"role": "assistant", "content": None,
+                      "tool_calls": [{"id": f"c{i}", "type": "function",
+                                      "function": {"name": "bash", "arguments": f'{{"n": {i}}}'}}]},
+                     {"role": "tool", "tool_call_id": f"c{i}", "content": f"out {i}"}]
+    return messages
 
 
 @settings(max_examples=60, deadline=None)
 @given(tenant=st.one_of(st.none(), st.text(max_size=8)), session=st.one_of(st.none(), st.text(max_size=12)),
-       first=st.text(max_size=20), task=st.text(max_size=20), more=st.lists(st.text(max_size=10), max_size=5),
-       shards=st.integers(1, 6))
-def test_every_request_of_a_session_goes_to_one_process(tenant, session, first, task, more, shards):
-    """Named, by tenant and name whatever the messages; unnamed, by its first two messages, whatever follows them
-    (the history grows, the session stays in its process)."""
+       steps=st.integers(0, 6), marks=st.integers(0, 2), system=st.booleans(), shards=st.integers(1, 6))
+def test_every_request_of_a_session_goes_to_one_process(tenant, session, steps, marks, system, shards):
+    """Named, by tenant and name whatever the messages; unnamed, the same process for every history GEM names the
+    same (`prefix_session_id`): a first request before any tool call, cache breakpoints that move along, a first
+    message that is the task (Anthropic, chat without a system message)."""
+    from gemkernels.compress.blocks import parse_history
+    from gemkernels.compress.gem import prefix_session_id
+
     shard_of = compression_process.shard_of
-    head = [{"role": "system", "content": first}, {"role": "user", "content": task}]
-    whole = shard_of(tenant, session, elements_of(head + [{"role": "user", "content": m} for m in more]), shards)
-    assert 0 <= whole < shards
-    assert shard_of(tenant, session, elements_of(head), shards) == whole
+    for runs in ([anthropic_run(t, marks) for t in range(steps + 1)], [chat_run(t, system) for t in range(steps + 1)]):
+        assert len({prefix_session_id(parse_history(m)) for m in runs}) == 1  # one session, as GEM names it
+        assert len({shard_of(tenant, session, m, shards) for m in runs}) == 1
+        assert 0 <= shard_of(tenant, session, runs[0], shards) < shards
     if session is not None:
-        assert shard_of(tenant, session, elements_of([{"role": "user", "content": first + "!"}]), shards) == whole
-        assert shard_of(tenant, session, None, shards) == whole
+        assert shard_of(tenant, session, [], shards) == shard_of(tenant, session, chat_run(steps, system), shards)
 
 
 def test_sessions_spread_over_the_processes():
-    counts = [0, 0, 0]
+    shard_of = compression_process.shard_of
+    named = [0, 0, 0]
     for i in range(600):
-        counts[compression_process.shard_of("tenant", f"session-{i}", None, 3)] += 1
-    raw, elements = elements_of([{"role": "system", "content": "agent"}, {"role": "user", "content": "task"}])
-    unnamed = {compression_process.shard_of("tenant", None, elements_of(
-        [{"role": "system", "content": "agent"}, {"role": "user", "content": f"task {i}"}]), 3) for i in range(30)}
-    assert min(counts) > 150 and unnamed == {0, 1, 2}
+        named[shard_of("tenant", f"session-{i}", [], 3)] += 1
+    unnamed = {shard_of("tenant", None, [{"role": "system", "content": "agent"},
+                                         {"role": "user", "content": f"task {i}"}], 3) for i in range(30)}
+    assert min(named) > 150 and unnamed == {0, 1, 2}
 
 
 def names_on_each_shard(shards: int, tenant: str | None, body: dict) -> list[str]:
@@ -526,7 +548,7 @@ def names_on_each_shard(shards: int, tenant: str | None, body: dict) -> list[str
     for i in range(1000):
         name = f"spread-{i}"
         found.setdefault(compression_process.shard_of(
-            tenant, request_session(body, {GEM_SESSION_HEADER: name}), None, shards), name)
+            tenant, request_session(body, {GEM_SESSION_HEADER: name}), [], shards), name)
         if len(found) == shards:
             return [found[s] for s in range(shards)]
     raise AssertionError("no session name for some process")
@@ -574,7 +596,7 @@ def test_one_dead_process_of_two_costs_only_its_own_sessions(monkeypatch):
     from gemkernels.serve.metrics import Metrics
 
     monkeypatch.setattr(compression_process, "RESTART_INTERVAL_S", 0.0)
-    names = [next(f"s{i}" for i in range(100) if compression_process.shard_of(None, f"s{i}", None, 2) == shard)
+    names = [next(f"s{i}" for i in range(100) if compression_process.shard_of(None, f"s{i}", [], 2) == shard)
              for shard in (0, 1)]
 
     async def main():
@@ -616,3 +638,12 @@ def test_the_process_runs_as_much_nicer_than_the_proxy_as_configured(niceness):
         return os.getpriority(os.PRIO_PROCESS, pc.child.process.pid)
 
     assert run_with(test, compress_niceness=niceness) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + niceness)
+
+
+@pytest.mark.parametrize("processes", [0, -1])
+def test_a_count_below_one_is_refused_by_name_not_a_division_by_zero_per_request(processes):
+    from gemkernels.serve.metrics import Metrics
+
+    config = ServerConfig(upstream="http://127.0.0.1:9/v1", encoder="hash", compress_process=processes)
+    with pytest.raises(ValueError, match="compress_process must be a number of processes"):
+        compression_process.ShardedCompressor(config, Metrics())
