@@ -34,15 +34,11 @@ def seconds(text: str) -> float:
 def processes(text: str) -> int:
     """An argparse type: a number of processes, 0 or more (``true`` / ``false``, the flag's older form: 1 / 0)."""
     word = text.strip().lower()
-    if word in TRUE or word in FALSE:
+    if word in TRUE + FALSE:
         return int(word in TRUE)
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
+    if not word.isdigit():
         raise argparse.ArgumentTypeError(f"must be a number of processes (0 or more), got {text}")
-    return value
+    return int(word)
 
 
 def add_parser(subparsers: Any) -> None:

@@ -67,8 +67,8 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         upstreams = Upstreams(config.upstream_roots(), config.timeout, transport)
-        compressor = (Compressor if not config.compress_process else ProcessCompressor
-                      if config.compress_process == 1 else ShardedCompressor)(config, metrics)
+        kind = {0: Compressor, 1: ProcessCompressor}.get(config.compress_process, ShardedCompressor)
+        compressor = kind(config, metrics)
         await compressor.start()
         observer = None
         if config.observe:

@@ -273,10 +273,12 @@ class ShardedCompressor:
 
     @property
     def encoder_name(self) -> str:
+        """The processes' encoder (the same in each)."""
         return self.shards[0].encoder_name
 
     @property
     def gem_config(self) -> GEMConfig:
+        """GEM's resolved config (the same in each)."""
         return self.shards[0].gem_config
 
     async def start(self) -> None:
