@@ -19,8 +19,11 @@ from gemkernels.cli.help_text import description
 from gemkernels.cli.settings import FALSE, TRUE, SettingsError, defer_defaults, resolve
 from gemkernels.compress.config import OVERRIDE_HELP, PRESETS
 from gemkernels.compress.encoders import ENCODER_HELP, check_encoder_name
-from gemkernels.serve.config import ServerConfig, default_threads
+from gemkernels.serve.config import ServerConfig, default_compress_processes, default_threads
 from gemkernels.serve.connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_KEEP_ALIVE_TIMEOUT
+
+#: ``--compress-process``'s default: as many processes as `default_compress_processes` gives this host.
+AUTO = "auto"
 
 
 def seconds(text: str) -> float:
@@ -31,13 +34,16 @@ def seconds(text: str) -> float:
     return value
 
 
-def processes(text: str) -> int:
-    """An argparse type: a number of processes, 0 or more (``true`` / ``false``, the flag's older form: 1 / 0)."""
+def processes(text: str) -> int | str:
+    """An argparse type: a number of processes, 0 or more, or ``auto`` (`default_compress_processes`; ``true`` /
+    ``false``, the flag's older form: 1 / 0)."""
     word = text.strip().lower()
     if word in TRUE + FALSE:
         return int(word in TRUE)
+    if word == AUTO:
+        return AUTO
     if not word.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a number of processes (0 or more), got {text}")
+        raise argparse.ArgumentTypeError(f"must be a number of processes (0 or more) or {AUTO}, got {text}")
     return int(word)
 
 
@@ -96,10 +102,13 @@ def add_parser(subparsers: Any) -> None:
                    help="longest a request waits for its blocks' embeddings and analysis; past it, it goes out with "
                         "the new blocks appended (or unchanged) while they finish, for the next call; 'inf': no "
                         "limit (default %(default)s)")
-    p.add_argument("--compress-process", type=processes, nargs="?", const=1, default=0, metavar="N",
-                   help="compress in N processes of each worker's own (N defaults to 1), so that compression never "
-                        "holds the GIL its event loop needs: N more cores a worker, each session's requests always "
-                        "in the same process, which keeps its state in memory")
+    p.add_argument("--compress-process", type=processes, nargs="?", const=1, default=AUTO, metavar="N|auto",
+                   help="compress in N processes of each worker's own (the bare flag: 1; 0: in the worker's own "
+                        "process), so that compression never holds the GIL its event loop needs: N more cores a "
+                        "worker, each session's requests always in the same process, which keeps its state in "
+                        "memory; each loads its own encoder and tokenizer (about 220 MB with the default one). "
+                        "auto: the worker's share of the cores, 1 to 4, none on one core "
+                        f"({default_compress_processes()} here with one worker; default %(default)s)")
     p.add_argument("--compress-niceness", type=int, choices=range(20), default=ServerConfig.compress_niceness,
                    metavar="0-19",
                    help="how much nicer than the proxy the compression processes run (os.nice), so that its event "
@@ -177,6 +186,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     if args.compress_token_env and not os.environ.get(args.compress_token_env):
         raise ValueError(f"--compress-token-env names ${args.compress_token_env}, which is not set (or empty)")
     budget = None if math.isinf(args.encode_budget_ms) else max(0.0, args.encode_budget_ms) / 1000
+    compress_process = (default_compress_processes(args.workers) if args.compress_process == AUTO
+                        else args.compress_process)
     return ServerConfig(upstream=args.upstream, preset=args.preset, overrides=tuple(args.set), encoder=args.encoder,
                         max_wait=args.max_wait_ms / 1000, max_batch=args.max_batch, threads=args.threads,
                         max_pending=args.max_pending, max_sessions=args.max_sessions, timeout=args.timeout,
@@ -186,6 +197,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         compress_endpoint=args.compress_endpoint, anthropic_upstream=args.anthropic_upstream,
                         encode_budget=budget, count_compressed=args.count_compressed, observe=args.observe,
                         report=args.report, store=args.store, store_ttl=args.store_ttl,
-                        embedding_dtype=args.store_embeddings, compress_process=args.compress_process,
+                        embedding_dtype=args.store_embeddings, compress_process=compress_process,
                         compress_niceness=args.compress_niceness,
                         compress_token=os.environ.get(args.compress_token_env) if args.compress_token_env else None)

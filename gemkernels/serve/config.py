@@ -14,8 +14,26 @@ def default_threads() -> int:
     encoder); past the cores they only add GIL hand-offs to CPU-bound compression: on 2 cores, 8 threads took 6.6-6.9
     ms of CPU a request and added a p99 of 610-810 ms at 100 sessions, 2 threads 5.5-6.0 ms and 360-420 ms
     (bench/RESULTS.md)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(2, min(8, cores))
+    return max(2, min(8, usable_cores()))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+#: The most compression processes ``gem serve`` starts for a worker by default: one event loop spends about 2 ms of
+#: CPU on a compressed request and a compression process about 3 (bench/RESULTS.md), so past a few they wait on it.
+MAX_DEFAULT_COMPRESS_PROCESSES = 4
+
+
+def default_compress_processes(workers: int = 1) -> int:
+    """Compression processes a worker starts by default (``--compress-process auto``): its share of the cores, at
+    least 1 and at most `MAX_DEFAULT_COMPRESS_PROCESSES`; none on one core, where another process only adds the
+    hand-over's CPU. On 2 cores, two processes added 10-20 / 33-65 ms (p50 / p99) at 100 sessions against 27-179 /
+    186-292 in the proxy's process (bench/RESULTS.md, "Compression processes by default")."""
+    cores = usable_cores()
+    return 0 if cores < 2 else max(1, min(MAX_DEFAULT_COMPRESS_PROCESSES, cores // max(1, workers)))
 
 
 @dataclass(frozen=True)
@@ -36,8 +54,9 @@ class ServerConfig:
     live, ``memory`` (this process) or a ``redis://`` URL shared by replicas (`gemkernels.compress.redis_store`),
     kept ``store_ttl`` seconds after their last request, with embeddings shared as ``embedding_dtype``;
     ``compress_process``: compress in this many processes of the proxy's own, 0 in its own process
-    (`gemkernels.serve.compression_process`), each ``compress_niceness`` nicer than the proxy (``os.nice``), so that
-    the event loop forwarding every request gets a core before they do."""
+    (`gemkernels.serve.compression_process`; ``gem serve``'s default is `default_compress_processes`), each
+    ``compress_niceness`` nicer than the proxy (``os.nice``), so that the event loop forwarding every request gets
+    a core before they do."""
 
     upstream: str
     preset: str = "paper"

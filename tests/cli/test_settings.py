@@ -114,8 +114,8 @@ def test_workers_store_and_threads_come_from_every_source_and_workers_need_a_sha
 
 
 def test_compress_process_comes_from_the_flag_the_environment_or_the_file(tmp_path):
-    """A count of processes (the bare flag, ``true`` and ``1``: one; absent, ``false``: none), from every source;
-    what is not a count is an error naming the flag's values."""
+    """A count of processes (the bare flag, ``true`` and ``1``: one; ``false``: none; absent: ``auto``), from every
+    source; what is not a count is an error naming the flag's values."""
     path = tmp_path / "gem.toml"
     path.write_text('upstream = "http://u"\ncompress_process = true\n')
     assert server_config(settings(["--config", str(path)])).compress_process == 1
@@ -126,13 +126,27 @@ def test_compress_process_comes_from_the_flag_the_environment_or_the_file(tmp_pa
     assert server_config(settings(["--upstream", "http://u"], {"GEM_COMPRESS_PROCESS": "no"})).compress_process == 0
     assert server_config(settings(["--upstream", "http://u", "--compress-process"])).compress_process == 1
     assert server_config(settings(["--upstream", "http://u", "--compress-process", "2"])).compress_process == 2
-    assert server_config(settings(["--upstream", "http://u"])).compress_process == 0
+    assert server_config(settings(["--upstream", "http://u", "--compress-process", "0"])).compress_process == 0
     with pytest.raises(SystemExit):
         settings(["--upstream", "http://u", "--compress-process", "-1"])
-    with pytest.raises(Exception, match="not a valid compress_process.*0 or more"):
+    with pytest.raises(Exception, match="not a valid compress_process.*0 or more.* or auto"):
         settings(["--upstream", "http://u"], {"GEM_COMPRESS_PROCESS": "many"})
     assert server_config(settings(["--upstream", "http://u"])).compress_niceness == 10
     assert server_config(settings(["--upstream", "http://u", "--compress-niceness", "0"])).compress_niceness == 0
     assert server_config(settings(["--upstream", "http://u"], {"GEM_COMPRESS_NICENESS": "4"})).compress_niceness == 4
     with pytest.raises(SystemExit):
         settings(["--upstream", "http://u", "--compress-niceness", "20"])
+
+
+@pytest.mark.parametrize(("cores", "workers", "expected"), [
+    (1, 1, 0), (2, 1, 2), (3, 1, 3), (16, 1, 4), (16, 4, 4), (16, 8, 2), (4, 4, 1), (2, 4, 1), (64, 2, 4)])
+def test_compress_process_auto_takes_the_workers_share_of_the_cores(monkeypatch, cores, workers, expected):
+    """``auto`` (the default, from every source) is the worker's share of the cores it may run on, 1 to 4, and no
+    process on one core."""
+    monkeypatch.setattr("gemkernels.serve.config.usable_cores", lambda: cores)
+    redis = ["--store", "redis://127.0.0.1:6379/0"]
+    args = ["--upstream", "http://u", "--workers", str(workers), *redis]
+    assert server_config(settings(args)).compress_process == expected
+    assert server_config(settings([*args, "--compress-process", "AUTO"])).compress_process == expected
+    assert server_config(settings(args, {"GEM_COMPRESS_PROCESS": "auto"})).compress_process == expected
+    assert server_config(settings([*args, "--compress-process", "3"])).compress_process == 3
