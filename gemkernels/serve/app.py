@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -55,6 +56,8 @@ from gemkernels.serve.observe import Observer, report_table
 from gemkernels.serve.serving import Proxy
 from gemkernels.serve.upstreams import Upstreams
 
+logger = logging.getLogger("gemkernels.serve")
+
 #: Every method the relay answers.
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -70,6 +73,8 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         kind = {0: Compressor, 1: ProcessCompressor}.get(config.compress_process, ShardedCompressor)
         compressor = kind(config, metrics)
         await compressor.start()
+        logger.info("gem serve: compressing with %s, encoder %s, in %s", config.preset, compressor.encoder_name,
+                    compression_place(config.compress_process))
         observer = None
         if config.observe:
             cfg = compressor.gem_config
@@ -107,3 +112,10 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
     ], lifespan=lifespan)
     app.state.metrics = metrics
     return app
+
+
+def compression_place(processes: int) -> str:
+    """Where the proxy compresses, as its start-up line says it."""
+    if processes == 0:
+        return "the proxy's own process (--compress-process 0)"
+    return f"{processes} process{'es' * (processes > 1)} of its own (--compress-process {processes})"

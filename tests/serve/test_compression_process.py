@@ -647,3 +647,16 @@ def test_a_count_below_one_is_refused_by_name_not_a_division_by_zero_per_request
     config = ServerConfig(upstream="http://127.0.0.1:9/v1", encoder="hash", compress_process=processes)
     with pytest.raises(ValueError, match="compress_process must be a number of processes"):
         compression_process.ShardedCompressor(config, Metrics())
+
+
+@pytest.mark.parametrize("process", [0, 2])
+def test_the_proxy_says_at_start_where_it_compresses(upstream, caplog, process):
+    """The start-up line names the preset, the encoder and the processes that compress (0: the proxy's own)."""
+    _, url = upstream
+    with caplog.at_level("INFO", logger="gemkernels.serve"):
+        server = serve(url, process)
+        server.stop()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("gem serve: compressing")]
+    where = "the proxy's own process (--compress-process 0)" if process == 0 else \
+        "2 processes of its own (--compress-process 2)"
+    assert lines == [f"gem serve: compressing with cache-aware, encoder hash-256, in {where}"]
