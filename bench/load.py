@@ -8,25 +8,25 @@ LiteLLM's proxy) against a fake upstream that answers after 500 ms, and the same
                          [--litellm /tmp/litellm-venv/bin/litellm]
 
 Runs come from PATHS (default ``../shared/data/trajectories/``, read with `gemkernels.evaluate.loaders`; without it,
-``examples/django-11276.json``). Session i replays run i mod R: its checkpoints ``--start`` to ``--start +
---steps`` (one request per agent step, each the history before that step, OpenAI chat format), its tool outputs
-tagged with the session so that no block is shared, with its own ``X-GEM-Session``, ``Authorization`` and
-connection. Session i starts i/N x ``--delay`` after the first, so that N requests are in flight at a steady
-N/delay per second (not in waves). Every target runs in its own process on 127.0.0.1: the fake upstream
-(`gemkernels.testing.fake_upstream`), one ``gem serve`` per mode (``off`` is forwarding only: ``--set
-min_blocks=1000000``, the body parsed and never compressed; the others are presets, ``PRESET@redis`` with its
-sessions in Redis, ``--redis`` or a ``redis-server`` started here, as ``gem serve --workers N`` with ``--workers``,
-``PRESET@process`` as ``gem serve --compress-process``;
-the table then counts the store's round trips per request and Redis's memory per session), LiteLLM (forwarding only: one
-model routed to the upstream, no database, no master key). For each N the targets are measured one after the
-other in one run: latency (request sent to full response read) p50 / p99, added p50 / p99 (target minus direct at
-the same N), the target's CPU seconds per request (its process tree, from /proc, counted until it is idle again:
-blocks encoded in the background after their request went out included), the share of gem's requests sent on
-before their blocks were encoded or analysed (``--budget-ms``: its budget), the mean time a compression waited for
-a thread or its session's earlier request (``queued``: gem's saturation), the share of its requests selected anew
-(rewrites), the share of the characters of the histories it compressed or appended to that it forwarded (deferred
-appends included, as they count no tokens; requests that went out whole are not counted), and the client's share
-of a core.
+``examples/django-11276.json``). Session i replays run i mod R: its checkpoints ``--start`` to ``--start + --steps``
+(one request per agent step, each the history before that step, OpenAI chat format), its tool outputs tagged with
+the session so that no block is shared, with its own ``X-GEM-Session``, ``Authorization`` and connection. Session i
+starts i/N x ``--delay`` after the first, so that N requests are in flight at a steady N/delay per second (not in
+waves). Every target runs in its own process on 127.0.0.1: the fake upstream (`gemkernels.testing.fake_upstream`),
+one ``gem serve`` per mode (``off`` is forwarding only: ``--set min_blocks=1000000``, the body parsed and never
+compressed; the others are presets: a bare ``PRESET`` compresses in the proxy's own process (``--compress-process
+0``), ``PRESET@process`` in ``--processes`` processes of its own (``--compress-process N``; gem serve's default,
+``auto``, is 2 on a 2-core host), ``PRESET@redis`` keeps its sessions in Redis (``--redis``, or a ``redis-server``
+started here), as ``gem serve --workers N`` with ``--workers``, and the table then counts the store's round trips
+per request and Redis's memory per session), LiteLLM (forwarding only: one model routed to the upstream, no
+database, no master key). For each N the targets are measured one after the other in one run: latency (request sent
+to full response read) p50 / p99, added p50 / p99 (target minus direct at the same N), the target's CPU seconds per
+request (its process tree, from /proc, counted until it is idle again: blocks encoded in the background after their
+request went out included), the share of gem's requests sent on before their blocks were encoded or analysed
+(``--budget-ms``: its budget), the mean time a compression waited for a thread or its session's earlier request
+(``queued``: gem's saturation), the share of its requests selected anew (rewrites), the share of the characters of
+the histories it compressed or appended to that it forwarded (deferred appends included, as they count no tokens;
+requests that went out whole are not counted), and the client's share of a core.
 With ``--warm K`` each session's first K requests are sent first and not measured, and the sessions start again,
 staggered, once the target is idle: the steady state of N sessions in flight, without all N sessions' first
 compressions (each analyses every block it holds) falling in the same second.
@@ -370,7 +370,7 @@ def main() -> None:
                 stops.append(proc.kill)
                 pid = proc.pid
                 name += {"redis": ", sessions in Redis", "process": f", {args.processes} compression process"
-                         + "es" * (args.processes > 1)}.get(where, "")
+                         + "es" * (args.processes > 1), "": ", in process" * (mode != "off")}.get(where, "")
             targets.append((name, url, pid))
         if args.litellm:
             folder = Path(tempfile.mkdtemp(prefix="bench-load-"))
