@@ -28,10 +28,11 @@ MAX_DEFAULT_COMPRESS_PROCESSES = 4
 
 
 def default_compress_processes(workers: int = 1) -> int:
-    """Compression processes a worker starts by default (``--compress-process auto``): its share of the cores, at
-    least 1 and at most `MAX_DEFAULT_COMPRESS_PROCESSES`; none on one core, where another process only adds the
-    hand-over's CPU. On 2 cores, two processes added 10-20 / 33-65 ms (p50 / p99) at 100 sessions against 27-179 /
-    186-292 in the proxy's process (bench/RESULTS.md, "Compression processes by default")."""
+    """Compression processes a worker starts by default (``--compress-process auto``): its share of the cores, at least
+    1 and at most `MAX_DEFAULT_COMPRESS_PROCESSES`; none on one core, where another process only adds the
+    hand-over's CPU. On 2 cores, two processes added 10-24 / 33-101 ms (p50 / p99; medians 14.8 / 45.1 over seven
+    rounds) at 100 sessions against 23-179 / 101-292 in the proxy's process (bench/RESULTS.md, "Compression
+    processes by default")."""
     cores = usable_cores()
     return 0 if cores < 2 else max(1, min(MAX_DEFAULT_COMPRESS_PROCESSES, cores // max(1, workers)))
 
