@@ -463,7 +463,7 @@ def apply_events(metrics: Metrics, events: list[tuple[str, tuple[str, ...], str,
 async def serve(sock: socket.socket) -> None:
     """The compression process: reads the config, builds the `Compressor`, says it is ready, then answers each
     compression frame as it finishes until the socket closes; then finishes what it started and returns."""
-    from gemkernels.serve.compressor import Compressor, warm_up_kernels
+    from gemkernels.serve.compressor import Compressor
 
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
     config, level = await read_frame(reader)
@@ -471,7 +471,7 @@ async def serve(sock: socket.socket) -> None:
     os.nice(config.compress_niceness)  # the proxy's event loop, forwarding every request, gets a core first
     metrics = RecordedMetrics()
     compressor = Compressor(config, metrics)
-    await asyncio.to_thread(warm_up_kernels, compressor)
+    await compressor.start()
     send(writer, frame({"encoder": compressor.encoder_name}))
     running: set[asyncio.Task] = set()
 

@@ -33,7 +33,7 @@ from gemkernels.serve.client_wrap import wrap  # noqa: E402
 from gemkernels.serve.serving import session_of  # noqa: E402
 from gemkernels.serve.upstreams import upstream_url  # noqa: E402
 from gemkernels.testing.fake_upstream import HANG_S, FakeUpstream, ServerThread  # noqa: E402
-from gemkernels.testing.histories import synthetic_anthropic_history  # noqa: E402
+from gemkernels.testing.histories import synthetic_anthropic_history, synthetic_history  # noqa: E402
 
 MESSAGES = json.loads(EXAMPLE.read_text())["messages"]
 # The concurrency contract is stated for 100 sessions x 20 requests; the default is 20 x 5 so the file runs in
@@ -407,6 +407,48 @@ def test_kernels_compile_at_start_up(monkeypatch, caplog, preset, overrides, bac
     with caplog.at_level(logging.ERROR, logger="gemkernels.serve"), TestClient(create_app(config)) as client:
         assert client.get("/healthz").status_code == 200
     assert f"could not compile the {backend} selection kernels" in caplog.text and len(calls) == 2
+
+
+@pytest.mark.parametrize("preset, blocks, action", [("paper", 20, "reselected"), ("cache-aware", 64, "reselected"),
+                                                    ("core", 20, "reselected")])
+def test_gem_warms_up_with_one_dry_run_before_the_app_serves(monkeypatch, caplog, preset, blocks, action):
+    """Before serving, GEM compresses a made-up history once, past ``min_blocks`` and ``rewrite_above_blocks`` so that
+    a first selection runs (what it loads on first use is loaded), as a dry run: no session is kept. A failing
+    warm-up is logged and the first requests are compressed as ever."""
+    from starlette.testclient import TestClient
+
+    from gemkernels.compress.gem import GEM
+    from gemkernels.serve.compressor import warm_up_history
+
+    runs, real = [], GEM.compress
+
+    def recorded(gem, messages, *args, **kwargs):
+        result = real(gem, messages, *args, **kwargs)
+        runs.append((gem, messages, kwargs.get("save", True), result))
+        return result
+
+    monkeypatch.setattr(GEM, "compress", recorded)
+    config = ServerConfig(upstream="http://127.0.0.1:9", preset=preset, encoder="hash-64", compress_process=0)
+    with TestClient(create_app(config)) as client:
+        assert client.get("/healthz").status_code == 200
+        assert len(runs) == 1
+        gem, messages, save, result = runs[0]
+        assert messages == warm_up_history(blocks) and not save and len(gem.store) == 0
+        assert result.stats.action == action and len(parse_history(messages).blocks) == blocks
+
+    def failing(gem, messages, *args, **kwargs):
+        if messages == warm_up_history(blocks):
+            raise RuntimeError("no warm-up")
+        return real(gem, messages, *args, **kwargs)
+
+    monkeypatch.setattr(GEM, "compress", failing)
+    body = {"model": "m", "messages": synthetic_history(blocks + 8, seed=5)}
+    with caplog.at_level(logging.WARNING, logger="gemkernels.serve"), TestClient(create_app(config)) as client:
+        reply = client.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 502  # forwarded (nothing listens upstream), not refused
+        text = client.get("/metrics").text
+    assert "the warm-up compression failed" in caplog.text
+    assert re.search(r'gem_requests_total\{action="(reselected|appended)"', text), text
 
 
 def test_wrap_binds_an_anthropic_clients_history_unless_it_asks_drop_block():
