@@ -24,8 +24,9 @@ Contracts (DESIGN.md §5):
   ``Connection: close``); under ``gem serve``, headers not complete ``--header-timeout`` seconds after a connection
   opened or a new request began close it, and so does ``--keep-alive-timeout`` idle
   (`gemkernels.serve.connections`); shutdown (uvicorn's graceful shutdown) drains in-flight requests first;
-- with ``--set backend=triton`` on a GPU, or ``--set backend=numba``, the selection kernels are compiled at
-  start-up, not on the first requests (`gemkernels.select.api.warm_up`).
+- nothing loads on the first requests: before serving, the selection kernels are compiled (``--set
+  backend=triton`` on a GPU, ``--set backend=numba``: `gemkernels.select.api.warm_up`) and GEM compresses a made-up
+  history once, as a dry run (`gemkernels.serve.compressor.warm_up_gem`).
 
 Also ``POST /v1/gem/compress``, ``GET /v1/gem/sessions`` (observe mode, ``--observe``), ``GET /healthz`` (the
 process answers), ``GET /readyz`` (the encoder is loaded and the upstreams answer) and ``GET /metrics``
