@@ -357,8 +357,9 @@ def main() -> None:
             if where == "redis" and args.workers > 1:
                 server = GemServeProcess("--upstream", upstream, "--encoder", args.encoder, "--preset", preset,
                                          *[f"--set={item}" for item in overrides], "--store", redis_url,
-                                         "--workers", str(args.workers), *([] if args.budget_ms is None else
-                                                                           ["--encode-budget-ms", str(args.budget_ms)]))
+                                         "--workers", str(args.workers), "--compress-process", "0",
+                                         *([] if args.budget_ms is None else ["--encode-budget-ms",
+                                                                              str(args.budget_ms)]))
                 server.__enter__()
                 stops.append(server.kill)
                 url, pid = server.url, server.process.pid

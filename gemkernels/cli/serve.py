@@ -106,9 +106,9 @@ def add_parser(subparsers: Any) -> None:
                    help="compress in N processes of each worker's own (the bare flag: 1; 0: in the worker's own "
                         "process), so that compression never holds the GIL its event loop needs: N more cores a "
                         "worker, each session's requests always in the same process, which keeps its state in "
-                        "memory; each loads its own encoder and tokenizer (about 220 MB with the default one). "
-                        "auto: the worker's share of the cores, 1 to 4, none on one core "
-                        f"({default_compress_processes()} here with one worker; default %(default)s)")
+                        "memory; each loads its own encoder and tokenizer (about 220 MiB with the default one). "
+                        "auto: the worker's share of the cores (within a container's CPU quota), at most 4, none "
+                        f"under 2 ({default_compress_processes()} here with one worker; default %(default)s)")
     p.add_argument("--compress-niceness", type=int, choices=range(20), default=ServerConfig.compress_niceness,
                    metavar="0-19",
                    help="how much nicer than the proxy the compression processes run (os.nice), so that its event "

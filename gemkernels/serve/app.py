@@ -24,9 +24,9 @@ Contracts (DESIGN.md §5):
   ``Connection: close``); under ``gem serve``, headers not complete ``--header-timeout`` seconds after a connection
   opened or a new request began close it, and so does ``--keep-alive-timeout`` idle
   (`gemkernels.serve.connections`); shutdown (uvicorn's graceful shutdown) drains in-flight requests first;
-- nothing loads on the first requests: before serving, the selection kernels are compiled (``--set
-  backend=triton`` on a GPU, ``--set backend=numba``: `gemkernels.select.api.warm_up`) and GEM compresses a made-up
-  history once, as a dry run (`gemkernels.serve.compressor.warm_up_gem`).
+- before serving, the selection kernels are compiled (``--set backend=triton`` on a GPU, ``--set backend=numba``:
+  `gemkernels.select.api.warm_up`) and GEM compresses a made-up history once, as a dry run, so that what a first
+  compression loads does not fall on a request (`gemkernels.serve.compressor.warm_up_gem`).
 
 Also ``POST /v1/gem/compress``, ``GET /v1/gem/sessions`` (observe mode, ``--observe``), ``GET /healthz`` (the
 process answers), ``GET /readyz`` (the encoder is loaded and the upstreams answer) and ``GET /metrics``
@@ -74,8 +74,9 @@ def create_app(config: ServerConfig, transport: httpx.AsyncBaseTransport | None 
         kind = {0: Compressor, 1: ProcessCompressor}.get(config.compress_process, ShardedCompressor)
         compressor = kind(config, metrics)
         await compressor.start()
-        logger.info("gem serve: compressing with %s, encoder %s, in %s", config.preset, compressor.encoder_name,
-                    compression_place(config.compress_process))
+        logger.info("gem serve: compressing with %s, encoder %s, in %s",
+                    " ".join((config.preset, *(f"--set {item}" for item in config.overrides))),
+                    compressor.encoder_name, compression_place(config.compress_process))
         observer = None
         if config.observe:
             cfg = compressor.gem_config

@@ -191,23 +191,29 @@ class Compressor:
             self.close_store()
 
 
-#: The most blocks of the warm-up's history (`warm_up_gem`).
-MAX_WARM_UP_BLOCKS = 128
+#: The most blocks of the warm-up's history, and the seconds it waits for their embeddings (`warm_up_gem`).
+MAX_WARM_UP_BLOCKS, WARM_UP_ENCODING_S = 128, 5.0
 
 
 def warm_up_gem(compressor: Compressor) -> None:
     """One dry run (``save=False``: no session kept) over `warm_up_history`, long enough for a first selection and
-    past ``rewrite_above_blocks`` (a rewrite's ranking), so that what GEM loads on first use (modules imported
-    lazily, numpy's masked arrays behind ``np.unique``, patterns compiled on first match, the router) is loaded
-    before the first request: in a fresh process that took a compression 46 ms against 11-17 after it
-    (bench/RESULTS.md); a failure is logged and left to the requests."""
+    past ``rewrite_above_blocks`` (a rewrite's ranking), so that what a first compression loads (modules imported
+    lazily, numpy's masked arrays behind ``np.unique``, patterns compiled on first match, the router) does not fall on
+    a request: in a fresh process it took a compression 46 ms against 11-17 after it (bench/RESULTS.md). It waits
+    `WARM_UP_ENCODING_S` at most for its embeddings (a remote encoder's calls); one that does not run to the end is
+    logged and left to the requests."""
     cfg = compressor.gem.config
     blocks = min(max(cfg.min_blocks, cfg.rewrite_above_blocks or 0) + 4, MAX_WARM_UP_BLOCKS)
     try:
-        compressor.gem.compress(warm_up_history(blocks), save=False)
-    except Exception:
-        logger.warning("gemkernels: the warm-up compression failed; the first requests load what it would have",
-                       exc_info=True)
+        with compressor.encoder.deadline(time.monotonic() + WARM_UP_ENCODING_S):
+            result = compressor.gem.compress(warm_up_history(blocks), save=False)
+        stats = result.stats
+        failed = stats.reason if stats.action == PASSTHROUGH or stats.reason.startswith(DEFERRED) else None
+    except Exception as err:  # GEM forwards what it cannot compress; anything else is said here too
+        failed = f"{type(err).__name__}: {err}"
+    if failed is not None:
+        logger.warning("gemkernels: the warm-up compression did not run to the end (%s); the first requests load "
+                       "what it would have", failed)
 
 
 def warm_up_history(blocks: int) -> list[dict[str, Any]]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gemkernels.serve.formats import ANTHROPIC_UPSTREAM, OPENAI_UPSTREAM
 
@@ -18,8 +20,38 @@ def default_threads() -> int:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """The cores this process may run on, within its container's CPU limit (`cgroup_cpus`) where it has one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limit = cgroup_cpus()
+    return cores if limit is None else max(1, min(cores, math.floor(limit)))
+
+
+def cgroup_cpus(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The CPUs a cgroup quota allows this process (Docker's ``--cpus``, a Kubernetes CPU limit), the least of: cgroup
+    v2's ``cpu.max`` at ``root`` (a container's own cgroup) and in this process's cgroup (``membership``'s ``0::``
+    line), and v1's ``cpu/cpu.cfs_quota_us`` over its period; None without a quota."""
+    own = next((line[3:].strip() for line in read_lines(membership) if line.startswith("0::")), "/")
+    pairs = [(read_lines(folder / "cpu.max")[:1] or [""])[0].split()[:2] for folder in {root, root / own.lstrip("/")}]
+    pairs.append(read_lines(root / "cpu" / "cpu.cfs_quota_us")[:1] + read_lines(root / "cpu" / "cpu.cfs_period_us")[:1])
+    found = [cpus for pair in pairs if len(pair) == 2 and (cpus := quota_cpus(*pair)) is not None]
+    return min(found) if found else None
+
+
+def read_lines(path: Path) -> list[str]:
+    """``path``'s lines; none when it cannot be read."""
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []
+
+
+def quota_cpus(quota: str, period: str) -> float | None:
+    """CPUs from a cgroup quota and period in microseconds; None for no quota (``max``, -1) or what is no number."""
+    try:
+        quota_us, period_us = float(quota), float(period)
+    except ValueError:
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 #: The most compression processes ``gem serve`` starts for a worker by default: one event loop spends about 2 ms of
@@ -28,13 +60,13 @@ MAX_DEFAULT_COMPRESS_PROCESSES = 4
 
 
 def default_compress_processes(workers: int = 1) -> int:
-    """Compression processes a worker starts by default (``--compress-process auto``): its share of the cores, at least
-    1 and at most `MAX_DEFAULT_COMPRESS_PROCESSES`; none on one core, where another process only adds the
-    hand-over's CPU. On 2 cores, two processes added 10-24 / 33-101 ms (p50 / p99; medians 14.8 / 45.1 over seven
-    rounds) at 100 sessions against 23-179 / 101-292 in the proxy's process (bench/RESULTS.md, "Compression
-    processes by default")."""
-    cores = usable_cores()
-    return 0 if cores < 2 else max(1, min(MAX_DEFAULT_COMPRESS_PROCESSES, cores // max(1, workers)))
+    """Compression processes a worker starts by default (``--compress-process auto``): its share of the cores, at
+    most `MAX_DEFAULT_COMPRESS_PROCESSES`; none where that share is under two cores (another process would only add
+    the hand-over's CPU) or off POSIX (the processes need ``pass_fds`` and ``os.nice``). On 2 cores, two processes
+    added 10-24 / 33-101 ms (p50 / p99; medians 14.8 / 45.1 over seven rounds) at 100 sessions against 23-179 /
+    101-292 in the proxy's process (bench/RESULTS.md, "Compression processes by default")."""
+    share = usable_cores() // max(1, workers)
+    return 0 if share < 2 or os.name != "posix" else min(MAX_DEFAULT_COMPRESS_PROCESSES, share)
 
 
 @dataclass(frozen=True)

@@ -139,10 +139,11 @@ def test_compress_process_comes_from_the_flag_the_environment_or_the_file(tmp_pa
 
 
 @pytest.mark.parametrize(("cores", "workers", "expected"), [
-    (1, 1, 0), (2, 1, 2), (3, 1, 3), (16, 1, 4), (16, 4, 4), (16, 8, 2), (4, 4, 1), (2, 4, 1), (64, 2, 4)])
+    (1, 1, 0), (2, 1, 2), (3, 1, 3), (16, 1, 4), (16, 4, 4), (16, 8, 2), (4, 2, 2), (4, 4, 0), (3, 2, 0), (2, 4, 0),
+    (64, 2, 4)])
 def test_compress_process_auto_takes_the_workers_share_of_the_cores(monkeypatch, cores, workers, expected):
-    """``auto`` (the default, from every source) is the worker's share of the cores it may run on, 1 to 4, and no
-    process on one core."""
+    """``auto`` (the default, from every source) is the worker's share of the cores it may run on, at most 4, and no
+    process where that share is under two cores."""
     monkeypatch.setattr("gemkernels.serve.config.usable_cores", lambda: cores)
     redis = ["--store", "redis://127.0.0.1:6379/0"]
     args = ["--upstream", "http://u", "--workers", str(workers), *redis]
@@ -150,3 +151,45 @@ def test_compress_process_auto_takes_the_workers_share_of_the_cores(monkeypatch,
     assert server_config(settings([*args, "--compress-process", "AUTO"])).compress_process == expected
     assert server_config(settings(args, {"GEM_COMPRESS_PROCESS": "auto"})).compress_process == expected
     assert server_config(settings([*args, "--compress-process", "3"])).compress_process == 3
+    monkeypatch.setattr("gemkernels.serve.config.os.name", "nt")
+    assert server_config(settings(args)).compress_process == 0  # the processes need POSIX
+
+
+@pytest.mark.parametrize(("files", "expected", "root_only"), [
+    ({}, None, None),
+    ({"cpu.max": "max 100000\n"}, None, None),
+    ({"cpu.max": "200000 100000\n"}, 2.0, 2.0),
+    ({"cpu.max": "150000 100000\n"}, 1.5, 1.5),
+    ({"cpu.max": "max 100000\n", "kubepods/pod1/cpu.max": "50000 100000\n"}, 0.5, None),
+    ({"cpu.max": "400000 100000\n", "kubepods/pod1/cpu.max": "300000 100000\n"}, 3.0, 4.0),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None, None),
+    ({"cpu/cpu.cfs_quota_us": "250000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2.5, 2.5),
+    ({"cpu/cpu.cfs_quota_us": "250000\n"}, None, None),
+    ({"cpu.max": "garbage\n"}, None, None)])
+def test_a_containers_cpu_quota_bounds_the_cores(tmp_path, files, expected, root_only):
+    """Docker's ``--cpus`` and Kubernetes CPU limits are cgroup quotas, which the affinity mask does not show: v2's
+    ``cpu.max`` in the container's cgroup or the process's own, v1's quota over its period, the least of them
+    (``root_only``: without the process's own cgroup)."""
+    from gemkernels.serve.config import cgroup_cpus
+
+    root = tmp_path / "cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    membership = tmp_path / "membership"
+    membership.write_text("4:memory:/kubepods/pod1\n0::/kubepods/pod1\n")
+    assert cgroup_cpus(root, membership) == expected
+    assert cgroup_cpus(root, tmp_path / "no such file") == root_only
+
+
+def test_usable_cores_are_the_affinity_within_the_quota(monkeypatch):
+    """A quota of 1.5 CPUs on a host of 2 allows 1 core (and so no compression process); no quota, the affinity."""
+    from gemkernels.serve import config
+
+    monkeypatch.setattr(config.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(config, "cgroup_cpus", lambda: None)
+    assert config.usable_cores() == 4 and config.default_compress_processes() == 4
+    monkeypatch.setattr(config, "cgroup_cpus", lambda: 1.5)
+    assert config.usable_cores() == 1 and config.default_compress_processes() == 0
+    monkeypatch.setattr(config, "cgroup_cpus", lambda: 64.0)
+    assert config.usable_cores() == 4

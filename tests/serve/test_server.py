@@ -53,13 +53,22 @@ def upstream():
     server.stop()
 
 
+def proxy_config(upstream_url: str) -> ServerConfig:
+    return ServerConfig(upstream=upstream_url + "/v1", encoder="hash", timeout=1.0, max_wait=0.005,
+                        encode_budget=30.0,  # compression must not depend on how loaded the machine is
+                        threads=8)  # concurrent compressions to batch, as a GPU server runs them (not the cores)
+
+
 @pytest.fixture(scope="module")
 def proxy(upstream):
-    config = ServerConfig(upstream=upstream[1] + "/v1", encoder="hash", timeout=1.0, max_wait=0.005,
-                          encode_budget=30.0,  # compression must not depend on how loaded the machine is
-                          threads=8)  # concurrent compressions to batch, as a GPU server runs them (not the cores)
-    app = create_app(config)
-    server = ServerThread(app, graceful_s=10)
+    server = ServerThread(create_app(proxy_config(upstream[1])), graceful_s=10)
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture()
+def fresh_proxy(upstream):
+    server = ServerThread(create_app(proxy_config(upstream[1])), graceful_s=10)
     yield server.url
     server.stop()
 
@@ -174,9 +183,11 @@ def test_anthropic_messages_route(upstream, proxy):
     assert got.raw == raw and got.headers["x-api-key"] == "ak"
 
 
-def test_concurrent_sessions_stay_consistent_and_batch(upstream, proxy):
+def test_concurrent_sessions_stay_consistent_and_batch(upstream, fresh_proxy):
     fake, _ = upstream
+    proxy = fresh_proxy  # its own: no text encoded yet
     client = openai.AsyncOpenAI(base_url=proxy + "/v1", api_key="k", max_retries=0, timeout=30)
+    before = httpx.get(proxy + "/metrics").text  # the batches of the start-up's warm-up
 
     async def session(s: int) -> None:
         for cut in CUTS:
@@ -199,8 +210,9 @@ def test_concurrent_sessions_stay_consistent_and_batch(upstream, proxy):
     text = httpx.get(proxy + "/metrics").text
     for kind in ("encode",) + (("select",) if "select_fn" in __import__("inspect").signature(gk.GEM).parameters
                                else ()):
-        count = metric(text, "gem_batch_size_count", kind=kind)
-        singles = metric(text, "gem_batch_size_bucket", kind=kind, le="1.0")
+        count = metric(text, "gem_batch_size_count", kind=kind) - metric(before, "gem_batch_size_count", kind=kind)
+        singles = (metric(text, "gem_batch_size_bucket", kind=kind, le="1.0")
+                   - metric(before, "gem_batch_size_bucket", kind=kind, le="1.0"))
         assert count > 0 and singles < count, f"{kind}: no batch larger than one"
     assert metric(text, "gem_sessions") >= SESSIONS
     assert metric(text, "gem_chars_total", stage="after") < metric(text, "gem_chars_total", stage="before")
@@ -439,16 +451,51 @@ def test_gem_warms_up_with_one_dry_run_before_the_app_serves(monkeypatch, caplog
     def failing(gem, messages, *args, **kwargs):
         if messages == warm_up_history(blocks):
             raise RuntimeError("no warm-up")
-        return real(gem, messages, *args, **kwargs)
+        return real_inner(gem, messages, *args, **kwargs)
 
-    monkeypatch.setattr(GEM, "compress", failing)
+    real_inner = GEM._compress
+    monkeypatch.setattr(GEM, "compress", real)
+    monkeypatch.setattr(GEM, "_compress", failing)  # GEM.compress forwards what fails inside it: a passthrough
+    config = ServerConfig(upstream="http://127.0.0.1:9", preset=preset, encoder="hash-64", compress_process=0,
+                          encode_budget=30.0)
     body = {"model": "m", "messages": synthetic_history(blocks + 8, seed=5)}
     with caplog.at_level(logging.WARNING, logger="gemkernels.serve"), TestClient(create_app(config)) as client:
         reply = client.post("/v1/chat/completions", json=body)
         assert reply.status_code == 502  # forwarded (nothing listens upstream), not refused
         text = client.get("/metrics").text
-    assert "the warm-up compression failed" in caplog.text
+    assert "the warm-up compression did not run to the end (RuntimeError: no warm-up)" in caplog.text
     assert re.search(r'gem_requests_total\{action="(reselected|appended)"', text), text
+
+
+def test_the_warm_up_waits_for_its_embeddings_a_few_seconds_at_most(monkeypatch, caplog):
+    """A slow encoder (a remote one) holds the warm-up `WARM_UP_ENCODING_S` at most: the proxy then serves, says the
+    warm-up did not run to the end, and keeps no session."""
+    from gemkernels.serve import compressor as module
+    from gemkernels.serve.metrics import Metrics
+
+    real = module.make_encoder
+
+    def slow(name, **kwargs):
+        encoder = real(name, **kwargs)
+        encode = encoder.encode
+
+        def slow_encode(texts):
+            time.sleep(1.0)
+            return encode(texts)
+
+        encoder.encode = slow_encode
+        return encoder
+
+    monkeypatch.setattr(module, "make_encoder", slow)
+    monkeypatch.setattr(module, "WARM_UP_ENCODING_S", 0.2)
+    compressor = module.Compressor(ServerConfig(upstream="http://127.0.0.1:9", encoder="hash"), Metrics())
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="gemkernels.serve"):
+        asyncio.run(compressor.start())
+    assert time.monotonic() - started < 1.0  # the first encoding call alone takes 1 s
+    assert "the warm-up compression did not run to the end" in caplog.text
+    assert len(compressor.gem.store) == 0 and not compressor.gem.pending
+    compressor.close()
 
 
 def test_wrap_binds_an_anthropic_clients_history_unless_it_asks_drop_block():
