@@ -30,19 +30,20 @@ def cgroup_cpus(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/p
     """The CPUs a cgroup quota allows this process (Docker's ``--cpus``, a Kubernetes CPU limit), the least of: cgroup
     v2's ``cpu.max`` at ``root`` (a container's own cgroup) and in this process's cgroup (``membership``'s ``0::``
     line), and v1's ``cpu/cpu.cfs_quota_us`` over its period; None without a quota."""
-    own = next((line[3:].strip() for line in read_lines(membership) if line.startswith("0::")), "/")
-    pairs = [(read_lines(folder / "cpu.max")[:1] or [""])[0].split()[:2] for folder in {root, root / own.lstrip("/")}]
-    pairs.append(read_lines(root / "cpu" / "cpu.cfs_quota_us")[:1] + read_lines(root / "cpu" / "cpu.cfs_period_us")[:1])
+    own = next((line[3:].strip() for line in read_text(membership).splitlines() if line.startswith("0::")), "/")
+    pairs = [read_text(folder / "cpu.max").split() for folder in {root, root / own.lstrip("/")}]  # "QUOTA PERIOD"
+    v1 = root / "cpu"
+    pairs.append(f"{read_text(v1 / 'cpu.cfs_quota_us')} {read_text(v1 / 'cpu.cfs_period_us')}".split())
     found = [cpus for pair in pairs if len(pair) == 2 and (cpus := quota_cpus(*pair)) is not None]
     return min(found) if found else None
 
 
-def read_lines(path: Path) -> list[str]:
-    """``path``'s lines; none when it cannot be read."""
+def read_text(path: Path) -> str:
+    """``path``'s text; empty when it cannot be read."""
     try:
-        return path.read_text().splitlines()
+        return path.read_text()
     except OSError:
-        return []
+        return ""
 
 
 def quota_cpus(quota: str, period: str) -> float | None:

@@ -649,14 +649,17 @@ def test_a_count_below_one_is_refused_by_name_not_a_division_by_zero_per_request
         compression_process.ShardedCompressor(config, Metrics())
 
 
-@pytest.mark.parametrize("process", [0, 2])
-def test_the_proxy_says_at_start_where_it_compresses(upstream, caplog, process):
-    """The start-up line names the preset, the encoder and the processes that compress (0: the proxy's own)."""
+@pytest.mark.parametrize(("process", "overrides", "what"), [
+    (0, (), "cache-aware"), (2, (), "cache-aware"), (0, ("k=9", "tau=0.9"), "cache-aware --set k=9 --set tau=0.9")])
+def test_the_proxy_says_at_start_where_it_compresses(upstream, caplog, process, overrides, what):
+    """The start-up line names the preset with its overrides, the encoder and the processes that compress (0: the
+    proxy's own)."""
     _, url = upstream
+    config = ServerConfig(upstream=url + "/v1", preset="cache-aware", overrides=overrides, encoder="hash",
+                          compress_process=process)
     with caplog.at_level("INFO", logger="gemkernels.serve"):
-        server = serve(url, process)
-        server.stop()
+        ServerThread(create_app(config), graceful_s=10).stop()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("gem serve: compressing")]
     where = "the proxy's own process (--compress-process 0)" if process == 0 else \
         "2 processes of its own (--compress-process 2)"
-    assert lines == [f"gem serve: compressing with cache-aware, encoder hash-256, in {where}"]
+    assert lines == [f"gem serve: compressing with {what}, encoder hash-256, in {where}"]
